@@ -1,0 +1,49 @@
+// The one place where CUDA and HIP differ for polykernels' device code.
+//
+// Everything vendor-specific is a macro or alias here; kernels include this header and
+// nothing from <cuda_runtime.h> or <hip/hip_runtime.h> directly. The seed bug this guards
+// against: a kernel calling __shfl_xor_sync(0xffffffff, ...) does not compile under hipcc,
+// whose _sync shuffles take a 64-bit mask (wavefronts are 64 lanes wide).
+#pragma once
+
+#include <cstdint>
+
+#if defined(__HIPCC__)
+#include <hip/hip_runtime.h>
+#define PK_GPU 1
+#define PK_HOST_DEVICE __host__ __device__
+// 32-lane sub-groups of a 64-lane wavefront: the maskless form with an explicit width.
+#define PK_SHFL_XOR32(value, lane_mask) __shfl_xor((value), (lane_mask), 32)
+using pk_stream_t = hipStream_t;
+using pk_error_t = hipError_t;
+#define PK_LAST_ERROR() hipGetLastError()
+#define PK_ERROR_STRING(err) hipGetErrorString(err)
+#define PK_SUCCESS hipSuccess
+#elif defined(__CUDACC__)
+#include <cuda_runtime.h>
+#define PK_GPU 1
+#define PK_HOST_DEVICE __host__ __device__
+#define PK_SHFL_XOR32(value, lane_mask) __shfl_xor_sync(0xffffffffu, (value), (lane_mask), 32)
+using pk_stream_t = cudaStream_t;
+using pk_error_t = cudaError_t;
+#define PK_LAST_ERROR() cudaGetLastError()
+#define PK_ERROR_STRING(err) cudaGetErrorString(err)
+#define PK_SUCCESS cudaSuccess
+#else
+#define PK_HOST_DEVICE
+#endif
+
+// Lanes that cooperate on one reduction. 32 on both vendors: on AMD's 64-wide wavefronts a
+// group is a half-wavefront, which the width argument of the shuffle expresses.
+#define PK_GROUP_LANES 32
+
+#if defined(PK_GPU)
+#include <torch/headeronly/util/Exception.h>
+// Launch errors surface as a torch error naming the kernel, on either vendor.
+#define PK_CHECK_LAUNCH(kernel_name)                                                    \
+  do {                                                                                  \
+    pk_error_t pk_err_ = PK_LAST_ERROR();                                               \
+    STD_TORCH_CHECK(pk_err_ == PK_SUCCESS, "polykernels: launching ", kernel_name,      \
+                    " failed: ", PK_ERROR_STRING(pk_err_));                             \
+  } while (0)
+#endif

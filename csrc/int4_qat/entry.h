@@ -1,0 +1,56 @@
+// Input validation and output allocation shared by the CPU and GPU entry points. The Python wrapper checks the
+// same contract first with friendlier messages; these checks keep direct torch.ops callers
+// from reaching a kernel with a shape it cannot handle.
+#pragma once
+
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <tuple>
+#include <vector>
+#include <torch/headeronly/core/ScalarType.h>
+#include <torch/headeronly/util/Exception.h>
+
+#include "int4_qat/int4_math.h"
+
+namespace polykernels::int4 {
+
+inline ElementType check_inputs(const torch::stable::Tensor& x, int64_t group_size) {
+  using torch::headeronly::ScalarType;
+  STD_TORCH_CHECK(group_size == 32 || group_size == 64 || group_size == 128 || group_size == 256,
+                  "fake_int4_quant: group_size must be one of 32, 64, 128, 256, got ", group_size);
+  STD_TORCH_CHECK(x.dim() >= 1, "fake_int4_quant: x must have at least one dimension");
+  STD_TORCH_CHECK(x.is_contiguous(), "fake_int4_quant: x must be contiguous");
+  int64_t last = x.size(x.dim() - 1);
+  STD_TORCH_CHECK(last % group_size == 0, "fake_int4_quant: the last dimension of x (", last,
+                  ") must be divisible by group_size (", group_size, ")");
+  switch (x.scalar_type()) {
+    case ScalarType::Float:
+      return ElementType::kFloat32;
+    case ScalarType::Half:
+      return ElementType::kFloat16;
+    case ScalarType::BFloat16:
+      return ElementType::kBFloat16;
+    default:
+      STD_TORCH_CHECK(false, "fake_int4_quant: x must be float32, float16 or bfloat16");
+  }
+  return ElementType::kFloat32;
+}
+
+// (out or codes, scale, zero): out keeps x's dtype, codes are int8; scale is fp32 and zero
+// int8 with one entry per group. zero starts at 0 so symmetric mode never returns garbage.
+inline std::tuple<torch::stable::Tensor, torch::stable::Tensor, torch::stable::Tensor> make_outputs(
+    const torch::stable::Tensor& x, int64_t group_size, bool codes) {
+  using torch::headeronly::ScalarType;
+  std::vector<int64_t> group_shape;
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    group_shape.push_back(x.size(d));
+  }
+  group_shape.back() /= group_size;
+  torch::stable::Tensor out =
+      codes ? torch::stable::new_empty(x, x.sizes(), ScalarType::Char) : torch::stable::empty_like(x);
+  torch::stable::Tensor scale = torch::stable::new_empty(x, group_shape, ScalarType::Float);
+  torch::stable::Tensor zero = torch::stable::new_zeros(x, group_shape, ScalarType::Char);
+  return {out, scale, zero};
+}
+
+}  // namespace polykernels::int4

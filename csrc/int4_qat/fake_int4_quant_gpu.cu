@@ -1,0 +1,112 @@
+// CUDA and HIP launcher for fake_int4_quant, one source for nvcc and hipcc.
+#include <torch/csrc/stable/accelerator.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/tensor.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "int4_qat/entry.h"
+#include "int4_qat/fake_int4_quant_kernel.cuh"
+#include "polykernels/portable.h"
+
+#if TORCH_FEATURE_VERSION < TORCH_VERSION_2_13_0
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#endif
+
+namespace polykernels::int4 {
+namespace {
+
+using torch::stable::Tensor;
+
+constexpr int kThreadsPerBlock = 256;
+constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // grid-stride beyond this
+
+pk_stream_t current_stream(int32_t device_index) {
+#if TORCH_FEATURE_VERSION >= TORCH_VERSION_2_13_0
+  return static_cast<pk_stream_t>(torch::stable::accelerator::getCurrentStream(device_index).nativeHandle());
+#else
+  // Before 2.13 the stable ABI offers only the CUDA-named shim (CUDA builds target 2.11).
+  void* stream = nullptr;
+  TORCH_ERROR_CODE_CHECK(aoti_torch_get_current_cuda_stream(device_index, &stream));
+  return static_cast<pk_stream_t>(stream);
+#endif
+}
+
+template <ElementType kType, int kPerLane, bool kCodes>
+void launch(const Tensor& x, Tensor& out, Tensor& scale, Tensor& zero, bool symmetric, pk_stream_t stream) {
+  const int64_t num_groups = scale.numel();
+  const int64_t groups_per_block = kThreadsPerBlock / PK_GROUP_LANES;
+  const int64_t blocks = std::min((num_groups + groups_per_block - 1) / groups_per_block, kMaxBlocks);
+  constexpr uintptr_t kXAlign = uintptr_t{ElementBytes<kType>::value} * kPerLane;
+  constexpr uintptr_t kOutAlign = kCodes ? uintptr_t{kPerLane} : kXAlign;
+  const bool aligned = reinterpret_cast<uintptr_t>(x.data_ptr()) % kXAlign == 0 &&
+                       reinterpret_cast<uintptr_t>(out.data_ptr()) % kOutAlign == 0;
+  auto* scale_ptr = static_cast<float*>(scale.data_ptr());
+  auto* zero_ptr = static_cast<int8_t*>(zero.data_ptr());
+  if (aligned) {
+    fake_int4_quant_kernel<kType, kPerLane, kCodes, true><<<blocks, kThreadsPerBlock, 0, stream>>>(
+        x.data_ptr(), out.data_ptr(), scale_ptr, zero_ptr, num_groups, symmetric);
+  } else {
+    fake_int4_quant_kernel<kType, kPerLane, kCodes, false><<<blocks, kThreadsPerBlock, 0, stream>>>(
+        x.data_ptr(), out.data_ptr(), scale_ptr, zero_ptr, num_groups, symmetric);
+  }
+  PK_CHECK_LAUNCH("fake_int4_quant_kernel");
+}
+
+template <ElementType kType, bool kCodes>
+void dispatch_group_size(const Tensor& x, Tensor& out, Tensor& scale, Tensor& zero, int64_t group_size,
+                         bool symmetric, pk_stream_t stream) {
+  switch (group_size) {
+    case 32:
+      return launch<kType, 1, kCodes>(x, out, scale, zero, symmetric, stream);
+    case 64:
+      return launch<kType, 2, kCodes>(x, out, scale, zero, symmetric, stream);
+    case 128:
+      return launch<kType, 4, kCodes>(x, out, scale, zero, symmetric, stream);
+    default:
+      return launch<kType, 8, kCodes>(x, out, scale, zero, symmetric, stream);
+  }
+}
+
+template <bool kCodes>
+std::tuple<Tensor, Tensor, Tensor> run_gpu(Tensor x, int64_t group_size, bool symmetric) {
+  const ElementType type = check_inputs(x, group_size);
+  auto [out, scale, zero] = make_outputs(x, group_size, kCodes);
+  if (scale.numel() == 0) {
+    return {out, scale, zero};
+  }
+  const int32_t device_index = x.get_device_index();
+  torch::stable::accelerator::DeviceGuard guard(device_index);
+  const pk_stream_t stream = current_stream(device_index);
+  switch (type) {
+    case ElementType::kFloat32:
+      dispatch_group_size<ElementType::kFloat32, kCodes>(x, out, scale, zero, group_size, symmetric, stream);
+      break;
+    case ElementType::kFloat16:
+      dispatch_group_size<ElementType::kFloat16, kCodes>(x, out, scale, zero, group_size, symmetric, stream);
+      break;
+    case ElementType::kBFloat16:
+      dispatch_group_size<ElementType::kBFloat16, kCodes>(x, out, scale, zero, group_size, symmetric, stream);
+      break;
+  }
+  return {out, scale, zero};
+}
+
+std::tuple<Tensor, Tensor, Tensor> fake_int4_quant_gpu(Tensor x, int64_t group_size, bool symmetric) {
+  return run_gpu<false>(x, group_size, symmetric);
+}
+
+std::tuple<Tensor, Tensor, Tensor> int4_quant_codes_gpu(Tensor x, int64_t group_size, bool symmetric) {
+  return run_gpu<true>(x, group_size, symmetric);
+}
+
+}  // namespace
+}  // namespace polykernels::int4
+
+// ROCm tensors report the CUDA device type, so one registration serves both vendors.
+STABLE_TORCH_LIBRARY_IMPL(polykernels, CUDA, m) {
+  m.impl("fake_int4_quant", TORCH_BOX(&polykernels::int4::fake_int4_quant_gpu));
+  m.impl("int4_quant_codes", TORCH_BOX(&polykernels::int4::int4_quant_codes_gpu));
+}

@@ -1,0 +1,116 @@
+// Group-wise INT4 fake quantization: the arithmetic, shared verbatim by the CPU and GPU
+// kernels so that every backend produces the same bits (see the spec: fp32 throughout,
+// constants multiplied rather than divided, IEEE division, round half to even).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "polykernels/float_bits.h"
+#include "polykernels/portable.h"
+
+namespace polykernels::int4 {
+
+// fp32(1/7), fp32(1/15) and fp32(1e-5), spelled as bits so no compiler folds them differently.
+constexpr uint32_t kInv7Bits = 0x3e124925u;
+constexpr uint32_t kInv15Bits = 0x3d888889u;
+constexpr uint32_t kMinScaleBits = 0x3727c5acu;
+
+enum class ElementType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+// Running statistics of one group: the symmetric mode needs max|x|, the asymmetric min and
+// max; non-finite values are tracked apart because fmaxf/fminf silently drop NaN.
+struct GroupStats {
+  float min_value;
+  float max_value;
+  float max_abs;
+  bool non_finite;
+};
+
+PK_HOST_DEVICE inline GroupStats empty_stats() {
+  return GroupStats{INFINITY, -INFINITY, 0.0f, false};
+}
+
+PK_HOST_DEVICE inline void accumulate(GroupStats& stats, float value) {
+  stats.non_finite = stats.non_finite || !is_finite(value);
+  stats.min_value = fminf(stats.min_value, value);
+  stats.max_value = fmaxf(stats.max_value, value);
+  stats.max_abs = fmaxf(stats.max_abs, fabsf(value));
+}
+
+PK_HOST_DEVICE inline void merge(GroupStats& stats, const GroupStats& other) {
+  stats.non_finite = stats.non_finite || other.non_finite;
+  stats.min_value = fminf(stats.min_value, other.min_value);
+  stats.max_value = fmaxf(stats.max_value, other.max_value);
+  stats.max_abs = fmaxf(stats.max_abs, other.max_abs);
+}
+
+struct GroupParams {
+  float scale;   // NaN when the group holds a non-finite value
+  int32_t zero;  // 0 in symmetric mode and for non-finite groups
+};
+
+PK_HOST_DEVICE inline float clampf(float value, float low, float high) {
+  return fminf(fmaxf(value, low), high);
+}
+
+PK_HOST_DEVICE inline GroupParams group_params(const GroupStats& stats, bool symmetric) {
+  if (stats.non_finite) {
+    return GroupParams{NAN, 0};
+  }
+  const float min_scale = bits_to_float(kMinScaleBits);
+  if (symmetric) {
+    return GroupParams{fmaxf(stats.max_abs * bits_to_float(kInv7Bits), min_scale), 0};
+  }
+  float scale = fmaxf((stats.max_value - stats.min_value) * bits_to_float(kInv15Bits), min_scale);
+  float zero = clampf(rintf(-stats.min_value / scale), 0.0f, 15.0f);
+  return GroupParams{scale, static_cast<int32_t>(zero)};
+}
+
+// The INT4 code of one value: [-7, 7] symmetric, [0, 15] asymmetric.
+PK_HOST_DEVICE inline float quant_code(float value, const GroupParams& params, bool symmetric) {
+  if (symmetric) {
+    return clampf(rintf(value / params.scale), -7.0f, 7.0f);
+  }
+  return clampf(rintf(value / params.scale) + static_cast<float>(params.zero), 0.0f, 15.0f);
+}
+
+PK_HOST_DEVICE inline float dequant(float code, const GroupParams& params) {
+  return (code - static_cast<float>(params.zero)) * params.scale;
+}
+
+PK_HOST_DEVICE inline float fake_quant(float value, const GroupParams& params, bool symmetric) {
+  if (is_nan(params.scale)) {
+    return NAN;
+  }
+  return dequant(quant_code(value, params, symmetric), params);
+}
+
+template <ElementType kType>
+PK_HOST_DEVICE inline float load_element(const void* base, int64_t index) {
+  if constexpr (kType == ElementType::kFloat32) {
+    return static_cast<const float*>(base)[index];
+  } else if constexpr (kType == ElementType::kFloat16) {
+    return half_to_float(static_cast<const uint16_t*>(base)[index]);
+  } else {
+    return bf16_to_float(static_cast<const uint16_t*>(base)[index]);
+  }
+}
+
+template <ElementType kType>
+PK_HOST_DEVICE inline void store_element(void* base, int64_t index, float value) {
+  if constexpr (kType == ElementType::kFloat32) {
+    static_cast<float*>(base)[index] = value;
+  } else if constexpr (kType == ElementType::kFloat16) {
+    static_cast<uint16_t*>(base)[index] = float_to_half(value);
+  } else {
+    static_cast<uint16_t*>(base)[index] = float_to_bf16(value);
+  }
+}
+
+template <ElementType kType>
+struct ElementBytes {
+  static constexpr int value = kType == ElementType::kFloat32 ? 4 : 2;
+};
+
+}  // namespace polykernels::int4

@@ -1,0 +1,249 @@
+"""Build of polykernels' one C++ extension, `polykernels/_C.abi3.so`, for CPU, CUDA or ROCm.
+
+Everything the build needs is resolved once, from the environment, into `ExtensionBuild`:
+
+- ``POLYKERNELS_BACKEND``: ``cpu``, ``cuda`` or ``rocm``. Unset: ``rocm`` when the build's torch is
+  a ROCm build, ``cuda`` when nvcc is found (``CUDA_HOME`` or the PATH), else ``cpu``.
+- ``TORCH_CUDA_ARCH_LIST`` (default ``8.0;9.0;10.0;12.0+PTX``), ``PYTORCH_ROCM_ARCH``
+  (default ``gfx942;gfx950``).
+- ``POLYKERNELS_BUILD_INFO``: JSON written by the factory (target, variant, git sha, image
+  digest); its ``variant`` becomes the local version label (``0.1.0+cu130``).
+
+The extension uses only PyTorch's stable ABI (``TORCH_TARGET_VERSION``): torch is needed for
+its headers and the sonames of libtorch, libtorch_cpu and libc10, never for its GPU build.
+This file never probes a GPU, downloads anything or runs git.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).parent.resolve()
+CSRC = ROOT / "csrc"
+DEFAULT_CUDA_ARCHS = "8.0;9.0;10.0;12.0+PTX"
+DEFAULT_ROCM_ARCHS = "gfx942;gfx950"
+KNOWN_ROCM_ARCHS = frozenset({"gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1200", "gfx1201"})
+CUDA_ARCH_PATTERN = re.compile(r"^(\d+)\.(\d+)(a|f)?(\+PTX)?$")
+# The stable-ABI version the binary promises to work with (u64: major, minor, patch, 5 zero bytes).
+# HIP needs 2.13: before it the stream accessor is CUDA-named and lives in libtorch_hip only.
+TORCH_TARGET = {"cpu": (2, 11), "cuda": (2, 11), "rocm": (2, 13)}
+CPU_SOURCES = ["csrc/int4_qat/fake_int4_quant_cpu.cpp"]
+GPU_SOURCES = ["csrc/int4_qat/fake_int4_quant_gpu.cu"]
+
+
+class BuildConfigError(RuntimeError):
+    """A setting the build cannot use; the message names the variable to set."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExtensionBuild:
+    backend: str
+    archs: tuple[str, ...]
+    compiler: str | None
+    torch_target: tuple[int, int]
+    build_info: Mapping[str, object] = field(default_factory=dict)
+
+    @property
+    def target_version_macro(self) -> str:
+        major, minor = self.torch_target
+        return f"-DTORCH_TARGET_VERSION=0x{major:02x}{minor:02x}000000000000"
+
+
+def _find_nvcc(env: Mapping[str, str]) -> str | None:
+    cuda_home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
+    if cuda_home and (Path(cuda_home) / "bin" / "nvcc").exists():
+        return str(Path(cuda_home) / "bin" / "nvcc")
+    return shutil.which("nvcc", path=env.get("PATH"))
+
+
+def _find_hipcc(env: Mapping[str, str]) -> str | None:
+    if env.get("HIPCC"):
+        return env["HIPCC"]
+    rocm = env.get("ROCM_PATH") or env.get("ROCM_HOME")
+    if rocm and (Path(rocm) / "bin" / "hipcc").exists():
+        return str(Path(rocm) / "bin" / "hipcc")
+    return shutil.which("hipcc", path=env.get("PATH"))
+
+
+def _torch_is_rocm() -> bool:
+    import torch
+
+    return bool(getattr(torch.version, "hip", None))
+
+
+def parse_cuda_archs(spec: str) -> tuple[str, ...]:
+    archs = tuple(a.strip() for a in spec.replace(",", ";").replace(" ", ";").split(";") if a.strip())
+    for arch in archs:
+        if not CUDA_ARCH_PATTERN.match(arch):
+            raise BuildConfigError(
+                f"TORCH_CUDA_ARCH_LIST: {arch!r} is not a CUDA arch; expected entries like 8.0, 9.0a or 12.0+PTX"
+            )
+    if not archs:
+        raise BuildConfigError("TORCH_CUDA_ARCH_LIST is empty; set it to e.g. '9.0' or unset it")
+    return archs
+
+
+def parse_rocm_archs(spec: str) -> tuple[str, ...]:
+    archs = tuple(a.strip() for a in spec.replace(",", ";").split(";") if a.strip())
+    for arch in archs:
+        if arch not in KNOWN_ROCM_ARCHS:
+            raise BuildConfigError(
+                f"PYTORCH_ROCM_ARCH: unknown arch {arch!r}; expected some of {sorted(KNOWN_ROCM_ARCHS)}"
+            )
+    if not archs:
+        raise BuildConfigError("PYTORCH_ROCM_ARCH is empty; set it to e.g. 'gfx942' or unset it")
+    return archs
+
+
+def resolve_build(env: Mapping[str, str]) -> ExtensionBuild:
+    build_info = json.loads(env.get("POLYKERNELS_BUILD_INFO") or "{}")
+    backend = env.get("POLYKERNELS_BACKEND", "").strip().lower()
+    if not backend:
+        if _torch_is_rocm():
+            backend = "rocm"
+        elif _find_nvcc(env):
+            backend = "cuda"
+        else:
+            backend = "cpu"
+    if backend == "cpu":
+        return ExtensionBuild(backend="cpu", archs=(), compiler=None, torch_target=TORCH_TARGET["cpu"],
+                              build_info=build_info)
+    if backend == "cuda":
+        nvcc = _find_nvcc(env)
+        if nvcc is None:
+            raise BuildConfigError("POLYKERNELS_BACKEND=cuda but nvcc was not found: set CUDA_HOME or put nvcc on PATH")
+        archs = parse_cuda_archs(env.get("TORCH_CUDA_ARCH_LIST") or DEFAULT_CUDA_ARCHS)
+        return ExtensionBuild(backend="cuda", archs=archs, compiler=nvcc, torch_target=TORCH_TARGET["cuda"],
+                              build_info=build_info)
+    if backend == "rocm":
+        hipcc = _find_hipcc(env)
+        if hipcc is None:
+            raise BuildConfigError("POLYKERNELS_BACKEND=rocm but hipcc was not found: set HIPCC or ROCM_PATH")
+        archs = parse_rocm_archs(env.get("PYTORCH_ROCM_ARCH") or DEFAULT_ROCM_ARCHS)
+        return ExtensionBuild(backend="rocm", archs=archs, compiler=hipcc, torch_target=TORCH_TARGET["rocm"],
+                              build_info=build_info)
+    raise BuildConfigError(f"POLYKERNELS_BACKEND: unknown backend {backend!r}; expected cpu, cuda or rocm")
+
+
+def nvcc_arch_flags(archs: tuple[str, ...]) -> list[str]:
+    flags = []
+    for arch in archs:
+        major, minor, suffix, ptx = CUDA_ARCH_PATTERN.match(arch).groups()  # type: ignore[union-attr]
+        number = f"{major}{minor}{suffix or ''}"
+        flags += ["-gencode", f"arch=compute_{number},code=sm_{number}"]
+        if ptx:
+            flags += ["-gencode", f"arch=compute_{number},code=compute_{number}"]
+    return flags
+
+
+def _run(argv: list[str]) -> None:
+    print(" ".join(argv), flush=True)
+    subprocess.run(argv, check=True)
+
+
+def _toolkit_version(build: ExtensionBuild) -> str | None:
+    if build.compiler is None:
+        return None
+    out = subprocess.run([build.compiler, "--version"], capture_output=True, text=True, check=False).stdout
+    match = re.search(r"release (\d+\.\d+)", out) or re.search(r"HIP version: (\S+)", out)
+    return match.group(1) if match else out.strip().splitlines()[-1] if out.strip() else None
+
+
+class BuildStableExtension(build_ext):
+    """Compiles each source with the compiler of its kind; nvcc flags never reach hipcc."""
+
+    def run(self) -> None:
+        super().run()
+        if self.inplace:
+            # In-place (development) builds: the manifest goes beside the copied extension.
+            built = Path(self.build_lib) / "polykernels" / "_build_info.json"
+            if built.exists():
+                shutil.copy2(built, ROOT / "src" / "polykernels" / "_build_info.json")
+
+    def build_extension(self, ext: Extension) -> None:
+        import torch.utils.cpp_extension as cpp
+
+        build: ExtensionBuild = resolve_build(os.environ)
+        include_dirs = [str(CSRC / "include"), str(CSRC), *cpp.include_paths()]
+        includes = [f"-I{d}" for d in include_dirs]
+        common = ["-O3", "-fPIC" if build.backend != "cuda" else "", "-std=c++20", build.target_version_macro]
+        common = [f for f in common if f]
+        temp = Path(self.build_temp) / build.backend
+        temp.mkdir(parents=True, exist_ok=True)
+        objects = []
+        sources = CPU_SOURCES + (GPU_SOURCES if build.backend != "cpu" else [])
+        for source in sources:
+            obj = temp / (Path(source).name + ".o")
+            src = str(ROOT / source)
+            if source.endswith(".cpp"):
+                cxx = os.environ.get("CXX", "c++")
+                _run([cxx, "-c", src, "-o", str(obj), *common, "-Wall", *includes])
+            elif build.backend == "cuda":
+                _run([build.compiler, "-c", src, "-o", str(obj), *common, "-DUSE_CUDA", "-Xcompiler", "-fPIC",
+                      "--prec-div=true", "--ftz=false", *nvcc_arch_flags(build.archs), *includes])
+            else:
+                _run([build.compiler, "-c", "-x", "hip", src, "-o", str(obj), *common, "-DUSE_ROCM=1",
+                      "-D__HIP_PLATFORM_AMD__=1", "-fhip-fp32-correctly-rounded-divide-sqrt",
+                      "-fno-gpu-rdc", *[f"--offload-arch={a}" for a in build.archs], *includes])
+            objects.append(str(obj))
+        output = Path(self.get_ext_fullpath(ext.name))
+        output.parent.mkdir(parents=True, exist_ok=True)
+        torch_lib = [f"-L{d}" for d in cpp.library_paths()]
+        # Record the torch sonames: torch loads its libraries RTLD_LOCAL, so the stable C
+        # symbols resolve only through our own DT_NEEDED entries.
+        torch_libs = ["-Wl,--no-as-needed", "-ltorch", "-ltorch_cpu", "-lc10", "-Wl,--as-needed"]
+        if build.backend == "rocm":
+            linker = [build.compiler, "-shared", "-fno-gpu-rdc", *[f"--offload-arch={a}" for a in build.archs]]
+            runtime = ["-lamdhip64"]
+        else:
+            linker = [os.environ.get("CXX", "c++"), "-shared"]
+            runtime = []
+            if build.backend == "cuda":
+                cuda_home = Path(build.compiler).parent.parent
+                runtime = [f"-L{cuda_home / 'lib64'}", f"-L{cuda_home / 'lib'}", "-lcudart"]
+        _run([*linker, *objects, "-o", str(output), *torch_lib, *torch_libs, *runtime])
+        self._write_build_info(build, output.parent)
+
+    def _write_build_info(self, build: ExtensionBuild, package_dir: Path) -> None:
+        major, minor = build.torch_target
+        info = {
+            "schema": 1,
+            "target": "local",
+            "variant": None,
+            "backend": build.backend,
+            "archs": list(build.archs),
+            "toolkit": _toolkit_version(build),
+            "torch_floor": f"{major}.{minor}",
+            "git_sha": None,
+            "image_digest": None,
+            "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            **build.build_info,
+        }
+        (package_dir / "_build_info.json").write_text(json.dumps(info, indent=2) + "\n")
+
+
+def _version(env: Mapping[str, str]) -> str:
+    text = (ROOT / "src" / "polykernels" / "_version.py").read_text()
+    base = re.search(r'__version__ = "([^"]+)"', text).group(1)  # type: ignore[union-attr]
+    variant = json.loads(env.get("POLYKERNELS_BUILD_INFO") or "{}").get("variant")
+    return f"{base}+{variant}" if variant else base
+
+
+if __name__ == "__main__":
+    setup(
+        version=_version(os.environ),
+        ext_modules=[Extension("polykernels._C", sources=[], py_limited_api=True)],
+        cmdclass={"build_ext": BuildStableExtension},
+        options={"bdist_wheel": {"py_limited_api": "cp310"}},
+    )

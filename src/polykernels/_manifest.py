@@ -1,0 +1,116 @@
+"""The wheel's build manifest (`_build_info.json`) and the check made at import.
+
+A wheel built for one vendor, arch set or torch floor must refuse to run anywhere else with
+an ImportError that names the install command for the right wheel, never with an
+`undefined symbol` or a silently wrong kernel.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from polykernels.platform import Platform
+
+BUILD_INFO_PATH = Path(__file__).with_name("_build_info.json")
+INDEX_PLACEHOLDER = "<index-url>"
+
+
+class IncompatibleWheelError(ImportError):
+    """The installed wheel was built for another platform or a newer torch."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildInfo:
+    target: str
+    variant: str | None
+    backend: str
+    archs: tuple[str, ...]
+    toolkit: str | None
+    torch_floor: str
+    git_sha: str | None = None
+    image_digest: str | None = None
+    built_at: str | None = None
+    index_url: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BuildInfo:
+        known = {f for f in cls.__dataclass_fields__ if f != "extra"}
+        values = {k: v for k, v in data.items() if k in known}
+        values["archs"] = tuple(values.get("archs") or ())
+        return cls(**values, extra={k: v for k, v in data.items() if k not in known and k != "schema"})
+
+
+def load_build_info(path: Path = BUILD_INFO_PATH) -> BuildInfo | None:
+    if not path.exists():
+        return None
+    return BuildInfo.from_dict(json.loads(path.read_text()))
+
+
+def variant_for(platform: Platform) -> str:
+    """The wheel variant that serves ``platform`` (the factory's targets follow this rule)."""
+    if platform.backend == "cuda":
+        major = (platform.runtime_version or "13.0").split(".")[0]
+        return f"cu{major}0"
+    if platform.backend == "rocm":
+        major = (platform.runtime_version or "7").split(".")[0]
+        return f"rocm{major}.{platform.arch}"
+    return "cpu"
+
+
+def install_command(info: BuildInfo, platform: Platform) -> str:
+    index = info.index_url or INDEX_PLACEHOLDER
+    return f"pip install --force-reinstall --index-url {index}/{variant_for(platform)}/simple polykernels"
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split("+")[0].split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def _arch_covered(arch: str, archs: tuple[str, ...]) -> bool:
+    """CUDA archs come as '9.0' or '12.0+PTX'; PTX of an older arch JIT-compiles on newer ones."""
+    if arch.startswith("gfx"):
+        return arch in archs
+    wanted = int(arch.removeprefix("sm_"))
+    for entry in archs:
+        number = int(entry.split("+")[0].rstrip("af").replace(".", ""))
+        if number == wanted or (entry.endswith("+PTX") and number <= wanted):
+            return True
+    return False
+
+
+def problems(info: BuildInfo, platform: Platform, torch_version: str) -> list[str]:
+    """Everything that makes this wheel wrong for this process, as sentences."""
+    found: list[str] = []
+    if _version_tuple(torch_version) < _version_tuple(info.torch_floor):
+        found.append(f"it needs torch >= {info.torch_floor}, but torch {torch_version} is installed")
+    if info.backend == "cuda" and platform.backend == "rocm":
+        found.append(f"it is a CUDA build ({info.variant}) but torch is a ROCm build (HIP {platform.runtime_version})")
+    elif info.backend == "rocm" and platform.backend == "cuda":
+        found.append(f"it is a ROCm build ({info.variant}) but torch is a CUDA build (CUDA {platform.runtime_version})")
+    elif info.backend == platform.backend and platform.arch and not _arch_covered(platform.arch, info.archs):
+        found.append(
+            f"it has no device code for this GPU ({platform.device_name}, {platform.arch}); "
+            f"it was built for {', '.join(info.archs)}"
+        )
+    return found
+
+
+def check(info: BuildInfo | None, platform: Platform, torch_version: str) -> None:
+    if info is None:  # a source checkout: nothing was promised
+        return
+    found = problems(info, platform, torch_version)
+    if found:
+        raise IncompatibleWheelError(
+            f"this polykernels wheel (target {info.target}) cannot run here: {'; and '.join(found)}. "
+            f"Install the matching wheel: {install_command(info, platform)}"
+        )

@@ -1,0 +1,1 @@
+"""Registers the gated-delta-rule kernels with polykernels.kernel_registry."""

@@ -1,0 +1,110 @@
+"""What polykernels is running on: backend, device arch, warp size and capabilities.
+
+Decided lazily from torch and cached; importing this module imports no vendor module and
+touches no GPU. Every capability is a function to call (``has_inline_ptx()``), never a
+module constant, so a test can swap the platform with ``use(...)`` and nothing goes stale.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Backend = Literal["cuda", "rocm", "cpu"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Platform:
+    backend: Backend
+    arch: str | None  # "sm_90", "gfx942", None on CPU
+    device_name: str | None
+    warp_size: int
+    runtime_version: str | None  # torch.version.cuda or torch.version.hip
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.backend != "cpu"
+
+
+def detect(torch_module: Any, device_index: int = 0) -> Platform:
+    """Read the platform off a torch module (the real one, or a fake in tests)."""
+    hip = getattr(torch_module.version, "hip", None)
+    cuda = getattr(torch_module.version, "cuda", None)
+    if not torch_module.cuda.is_available():
+        return Platform(backend="cpu", arch=None, device_name=None, warp_size=1, runtime_version=None)
+    props = torch_module.cuda.get_device_properties(device_index)
+    if hip:
+        arch = str(getattr(props, "gcnArchName", "")).split(":")[0] or None
+        warp = int(getattr(props, "warp_size", 64))
+        return Platform(backend="rocm", arch=arch, device_name=props.name, warp_size=warp, runtime_version=hip)
+    warp = int(getattr(props, "warp_size", 32))
+    return Platform(
+        backend="cuda",
+        arch=f"sm_{props.major}{props.minor}",
+        device_name=props.name,
+        warp_size=warp,
+        runtime_version=cuda,
+    )
+
+
+_override: Platform | None = None
+
+
+@functools.cache
+def _detected() -> Platform:
+    import torch
+
+    return detect(torch)
+
+
+def current() -> Platform:
+    """The platform of the current process (device 0), detected once."""
+    return _override if _override is not None else _detected()
+
+
+@contextlib.contextmanager
+def use(platform: Platform) -> Iterator[Platform]:
+    """Pretend to run on ``platform`` (tests, and `polykernels info --as`)."""
+    global _override
+    previous, _override = _override, platform
+    try:
+        yield platform
+    finally:
+        _override = previous
+
+
+def backend() -> Backend:
+    return current().backend
+
+
+def arch() -> str | None:
+    return current().arch
+
+
+def warp_size() -> int:
+    return current().warp_size
+
+
+def has_inline_ptx() -> bool:
+    """NVIDIA inline PTX can be compiled: only the CUDA backend (AMD's LLVM has no `f` registers)."""
+    return current().backend == "cuda"
+
+
+def has_triton() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def has_triton_gpu() -> bool:
+    """Triton kernels can be launched here: a GPU and the triton package."""
+    return current().is_gpu and has_triton()
+
+
+CAPABILITIES = {
+    "inline_ptx": has_inline_ptx,
+    "triton": has_triton,
+    "triton_gpu": has_triton_gpu,
+}
