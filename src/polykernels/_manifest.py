@@ -77,13 +77,24 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 
 
 def _arch_covered(arch: str, archs: tuple[str, ...]) -> bool:
-    """CUDA archs come as '9.0' or '12.0+PTX'; PTX of an older arch JIT-compiles on newer ones."""
+    """Whether device code in ``archs`` runs on ``arch``.
+
+    gfx code objects run only on their own arch. A CUDA cubin for X.Y runs on X.Z with Z >= Y
+    (arch-specific 'a'/'f' cubins only on their own arch); PTX of X.Y JIT-compiles on anything newer.
+    """
     if arch.startswith("gfx"):
         return arch in archs
-    wanted = int(arch.removeprefix("sm_"))
+    wanted = int(arch.removeprefix("sm_").rstrip("af"))
     for entry in archs:
-        number = int(entry.split("+")[0].rstrip("af").replace(".", ""))
-        if number == wanted or (entry.endswith("+PTX") and number <= wanted):
+        base = entry.split("+")[0]
+        specific = base[-1] in "af"
+        major, minor = (int(p) for p in base.rstrip("af").split("."))
+        number = major * 10 + minor
+        if number == wanted:
+            return True
+        if not specific and major == wanted // 10 and minor <= wanted % 10:
+            return True
+        if entry.endswith("+PTX") and number <= wanted:
             return True
     return False
 
@@ -109,8 +120,12 @@ def check(info: BuildInfo | None, platform: Platform, torch_version: str) -> Non
     if info is None:  # a source checkout: nothing was promised
         return
     found = problems(info, platform, torch_version)
-    if found:
-        raise IncompatibleWheelError(
-            f"this polykernels wheel (target {info.target}) cannot run here: {'; and '.join(found)}. "
-            f"Install the matching wheel: {install_command(info, platform)}"
-        )
+    if not found:
+        return
+    if len(found) == 1 and found[0].startswith("it needs torch"):
+        fix = f"upgrade torch: pip install --upgrade 'torch>={info.torch_floor}'"
+    else:
+        fix = f"install the matching wheel: {install_command(info, platform)}"
+    raise IncompatibleWheelError(
+        f"this polykernels wheel (target {info.target}) cannot run here: {'; and '.join(found)}. To fix, {fix}"
+    )

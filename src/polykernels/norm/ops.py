@@ -129,19 +129,35 @@ def _(q: torch.Tensor, k: torch.Tensor, weight_q: torch.Tensor, weight_k: torch.
     return torch.empty_like(q), torch.empty_like(k)
 
 
+@torch.library.custom_op("polykernels::head_rmsnorm", mutates_args=())
+def _head_rmsnorm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    choice = guards.choose(x.device.type, x.dtype, True, exact_epilogue=False)
+    if choice.path == "torch":
+        return reference.rmsnorm_reference(x, weight, eps)
+    return launch_qk_rmsnorm(x, x, weight, weight, eps, only_q=True)[0]
+
+
+@_head_rmsnorm_op.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
 def launch_qk_rmsnorm(
-    q: torch.Tensor, k: torch.Tensor, weight_q: torch.Tensor, weight_k: torch.Tensor, eps: float
+    q: torch.Tensor, k: torch.Tensor, weight_q: torch.Tensor, weight_k: torch.Tensor, eps: float,
+    only_q: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     import triton
 
     from polykernels.norm.kernels import qk_rmsnorm_kernel
 
     head_dim = q.shape[-1]
-    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    q_out = torch.empty_like(q)
+    k_out = q_out if only_q else torch.empty_like(k)
     q_rows, k_rows = q.numel() // head_dim, k.numel() // head_dim
     block = triton.next_power_of_2(head_dim)
     rows_per_program = max(1, min(16, 2048 // block))
-    grid = (triton.cdiv(max(q_rows, k_rows), rows_per_program), 2)
+    # Axis 1 = 2 normalizes q and k in one launch; 1 normalizes q alone.
+    grid = (triton.cdiv(max(q_rows, k_rows), rows_per_program), 1 if only_q else 2)
     qk_rmsnorm_kernel[grid](q, k, weight_q, weight_k, q_out, k_out, q_rows, k_rows, head_dim, eps,
                             ROWS=rows_per_program, BLOCK_D=block, num_warps=4)
     return q_out, k_out
@@ -171,6 +187,12 @@ def rmsnorm_scale_shift(
     weight = _check_weight(weight, "weight", x.shape[-1], x)
     shift, scale = _check_modulation(shift, "shift", x), _check_modulation(scale, "scale", x)
     return _rmsnorm_scale_shift_op(x, weight, shift, scale, float(eps))
+
+
+def head_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Per-head RMSNorm with weight of one ``[B, L, heads, head_dim]`` tensor (a torch.nn.RMSNorm over head_dim)."""
+    x = _check_x(x, "x", dims=4)
+    return _head_rmsnorm_op(x, _check_weight(weight, "weight", x.shape[-1], x), float(eps))
 
 
 def qk_rmsnorm(

@@ -1,0 +1,1 @@
+"""GPU benchmarks: `nox -s bench` (or `python -m benchmarks.run`). Not shipped in the wheel."""

@@ -1,0 +1,116 @@
+"""python -m benchmarks.run [--only int4|norm|gdn] [--out DIR]: time every row, write table + plot."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+from benchmarks.registry import FAMILIES
+from benchmarks.timing import copy_bandwidth_gbs, median_ms
+
+
+def versions() -> dict[str, str | None]:
+    found: dict[str, str | None] = {"python": sys.version.split()[0], "cuda": torch.version.cuda,
+                                    "hip": getattr(torch.version, "hip", None)}
+    for name in ("torch", "triton", "polykernels", "fla-core"):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def run(families: list[str], device: str) -> dict[str, object]:
+    copy = copy_bandwidth_gbs(device)
+    rows = []
+    for family in families:
+        for case in FAMILIES[family](device):
+            times = {}
+            for impl, fn in case.implementations.items():
+                try:
+                    times[impl] = median_ms(fn)
+                except Exception as exc:  # a peer that fails to run is reported, not fatal
+                    print(f"{case.family} {case.name} {impl}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            ours = times.get("polykernels")
+            for impl, ms in times.items():
+                gbs = case.bytes_moved / (ms * 1e-3) / 1e9
+                rows.append({
+                    "family": case.family, "case": case.name, "impl": impl, "ms": round(ms, 4),
+                    "gb_per_s": round(gbs, 1), "pct_of_copy": round(100 * gbs / copy, 1),
+                    "tflop_per_s": round(case.flops / (ms * 1e-3) / 1e12, 1) if case.flops else None,
+                    "speedup_of_polykernels": round(ms / ours, 2) if ours else None,
+                })
+                print(f"{case.family:24} {case.name:30} {impl:22} {ms:9.4f} ms {gbs:8.1f} GB/s", flush=True)
+            torch.cuda.empty_cache()
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(0),
+        "versions": versions(),
+        "copy_gb_per_s": round(copy, 1),
+        "command": "nox -s bench -- " + " ".join(sys.argv[1:]),
+        "rows": rows,
+    }
+
+
+def to_markdown(result: dict[str, object]) -> str:
+    lines = [
+        f"Measured {result['date']} on {result['device']}; versions {json.dumps(result['versions'])}; "
+        f"copy roofline {result['copy_gb_per_s']} GB/s (same run). Command: `{result['command']}`.",
+        "",
+        "| op | case | implementation | ms | GB/s | % of copy | TFLOP/s | polykernels speedup |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in result["rows"]:  # type: ignore[union-attr]
+        lines.append(
+            f"| {row['family']} | {row['case']} | {row['impl']} | {row['ms']} | {row['gb_per_s']} | "
+            f"{row['pct_of_copy']} | {row['tflop_per_s'] or ''} | {row['speedup_of_polykernels'] or ''} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, object], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]  # type: ignore[assignment]
+    labels = [f"{r['family']}\n{r['case']}\n{r['impl']}" for r in rows]
+    values = [r["gb_per_s"] for r in rows]
+    colors = ["tab:blue" if r["impl"].startswith("polykernels") else "tab:gray" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(8, 0.5 * len(rows)), 6))
+    ax.bar(range(len(rows)), values, color=colors)
+    ax.axhline(result["copy_gb_per_s"], color="tab:red", linestyle="--", label="device copy (roofline)")
+    ax.set_xticks(range(len(rows)), labels, rotation=90, fontsize=6)
+    ax.set_ylabel("achieved GB/s (bytes a perfect kernel moves / time)")
+    ax.set_title(f"{result['device']} — {result['date']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run")
+    parser.add_argument("--only", action="append", choices=sorted(FAMILIES))
+    parser.add_argument("--out", type=Path, default=Path("build/bench"))
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench needs a CUDA or ROCm GPU; torch sees none", file=sys.stderr)
+        return 2
+    result = run(args.only or list(FAMILIES), "cuda")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(result, indent=2))
+    (args.out / "results.md").write_text(to_markdown(result))
+    plot(result, args.out / "bandwidth.png")
+    print(f"wrote {args.out}/results.json, results.md, bandwidth.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

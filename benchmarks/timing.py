@@ -1,0 +1,21 @@
+"""Timing and the memory-bandwidth roofline, measured in the same run as every row."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+def median_ms(fn: Callable[[], object], warmup: int = 10, rep: int = 50) -> float:
+    import triton.testing
+
+    return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def copy_bandwidth_gbs(device: str = "cuda", gib: float = 1.0) -> float:
+    """Device-to-device copy, bytes read plus bytes written: the roofline every row is compared to."""
+    src = torch.empty(int(gib * 2**30), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src))
+    return 2 * src.numel() / (ms * 1e-3) / 1e9

@@ -1,0 +1,113 @@
+# /// script
+# dependencies = ["nox>=2025.2.9"]
+# ///
+"""polykernels sessions. Each one lists what it installs and delegates; logic lives in the packages.
+
+    nox -s release                      build, gate and publish what this host can gate (the main job)
+    nox -s lint tests wheels_e2e        the test suite (wheels_e2e needs a Docker engine)
+    nox -s bench                        GPU benchmarks -> build/bench (needs a GPU)
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.needs_version = ">=2025.2.9"
+nox.options.default_venv_backend = "venv"
+nox.options.sessions = ["lint", "tests"]
+
+PYPROJECT = nox.project.load_toml("pyproject.toml")
+# The torch the tests and the factory run against (its headers build the extension too).
+TEST_TORCH = "torch==2.13.0"
+
+
+def _group(name: str) -> list[str]:
+    return nox.project.dependency_groups(PYPROJECT, name)
+
+
+def _install_package(session: nox.Session) -> None:
+    """Installs the package (CPU extension) into the session, built against the session's torch."""
+    session.install(TEST_TORCH, "setuptools>=77", "wheel")
+    session.install("--no-build-isolation", ".", env={"POLYKERNELS_BACKEND": "cpu"})
+
+
+def _factory(session: nox.Session, verb: str) -> None:
+    session.install(*_group("factory"))
+    session.run("python", "-m", "polykernels_build", verb, *session.posargs, env={"PYTHONPATH": "src"})
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over the whole tree."""
+    session.install(*_group("lint"))
+    session.run("ruff", "check", ".")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Unit tests (Triton kernels in the interpreter), factory logic, and the CPU suites."""
+    _install_package(session)
+    session.install(*_group("test"), *_group("factory"))
+    session.run("pytest", *session.posargs)
+    session.run("python", "-m", "polykernels.suites", "--report", "build/reports/tests-cpu-suites.json")
+
+
+@nox.session(venv_backend="none", default=False)
+def bench(session: nox.Session) -> None:
+    """GPU benchmarks beside torch eager / torch.compile / FLA, against the copy roofline (GPU host's Python)."""
+    session.run("python", "-m", "benchmarks.run", *session.posargs)
+
+
+@nox.session(default=False)
+def images(session: nox.Session) -> None:
+    """Build a builder (or runtime) image: -- --target T [--profile vendor|offline]."""
+    _factory(session, "images")
+
+
+@nox.session(name="compile_matrix", default=False)
+def compile_matrix(session: nox.Session) -> None:
+    """Compile every Triton kernel for every GPU target on this CPU; fail where a guard is missing."""
+    _install_package(session)
+    session.install("triton>=3.4")
+    _factory(session, "compile-matrix")
+
+
+@nox.session(default=False)
+def wheel(session: nox.Session) -> None:
+    """Build one target's wheel with cibuildwheel in its builder image: -- --target T [--profile P]."""
+    _factory(session, "wheel")
+
+
+@nox.session(default=False)
+def gate(session: nox.Session) -> None:
+    """Install a built wheel in a clean environment and run the suites: -- --wheel W | --import-report F."""
+    _factory(session, "gate")
+
+
+@nox.session(default=False)
+def publish(session: nox.Session) -> None:
+    """Publish gated wheels to build/index (PEP 503/691) or upload with twine: -- [--repository-url URL]."""
+    _factory(session, "publish")
+
+
+@nox.session(default=False)
+def serve(session: nox.Session) -> None:
+    """Serve build/index over HTTP on localhost: -- [--port 8000]."""
+    _factory(session, "serve")
+
+
+@nox.session(default=False)
+def release(session: nox.Session) -> None:
+    """images -> wheel -> gate -> publish for -- --target auto|all|T... (default auto: what this host can gate)."""
+    _factory(session, "release")
+
+
+@nox.session(default=False)
+def wheels_e2e(session: nox.Session) -> None:
+    """Container builds end to end (needs Docker): every target builds; the cpu wheel is gated, published, installed."""
+    session.install(*_group("test"), *_group("factory"), TEST_TORCH)
+    session.run("pytest", "tests/e2e", "--run-docker", *session.posargs, env={"PYTHONPATH": "src"})
+
+
+if __name__ == "__main__":
+    nox.main()

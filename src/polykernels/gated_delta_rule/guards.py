@@ -1,0 +1,31 @@
+"""Which implementation of the gated delta rule runs: Triton on any GPU, torch on CPU."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from polykernels import platform
+
+
+@dataclass(frozen=True)
+class GdnPath:
+    path: str  # "triton" or "torch"
+    reason: str
+
+
+def choose(device_type: str) -> GdnPath:
+    if device_type != "cuda":
+        return GdnPath("torch", f"{device_type} tensors run the chunked torch implementation")
+    if not platform.has_triton():
+        return GdnPath("torch", "triton is not installed")
+    seen = platform.current()
+    return GdnPath("triton", f"{seen.backend} {seen.arch}: Triton chunked kernels (int64 offsets)")
+
+
+def describe() -> dict[str, Callable[[], tuple[str, str]]]:
+    def run() -> tuple[str, str]:
+        choice = choose("cuda" if platform.current().is_gpu else "cpu")
+        return choice.path, choice.reason
+
+    return {"chunk_gated_delta_rule": run}

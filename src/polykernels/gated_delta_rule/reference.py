@@ -1,0 +1,129 @@
+"""Pure-torch references for the gated delta rule forward.
+
+``naive_recurrent_gated_delta_rule`` is the oracle: the per-token recurrence of the spec,
+in fp32 (or fp64 when given fp64 inputs, as the tests do). ``chunk_gated_delta_rule_torch``
+is the chunked algorithm in torch: what the public op runs on CPU. Both take the op's
+arguments in the op's order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+CHUNK = 64
+
+
+def _l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+def _sequences(batch: int, tokens: int, cu_seqlens: torch.Tensor | None) -> list[tuple[int, int, int]]:
+    """(batch index, start, end) of every sequence."""
+    if cu_seqlens is None:
+        return [(b, 0, tokens) for b in range(batch)]
+    bounds = cu_seqlens.tolist()
+    return [(0, bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
+
+
+def naive_recurrent_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    batch, tokens, heads, key_dim = q.shape
+    value_heads, value_dim = v.shape[2], v.shape[3]
+    group = value_heads // heads
+    scale = key_dim**-0.5 if scale is None else scale
+    q, k, v = (t.to(compute) for t in (q, k, v))
+    if use_qk_l2norm_in_kernel:
+        q, k = _l2norm(q), _l2norm(k)
+    q, k = q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
+    g, beta = g.to(compute), beta.to(compute)
+    out = torch.zeros(batch, tokens, value_heads, value_dim, dtype=compute, device=q.device)
+    sequences = _sequences(batch, tokens, cu_seqlens)
+    finals = []
+    for n, (b, start, end) in enumerate(sequences):
+        state = torch.zeros(value_heads, key_dim, value_dim, dtype=compute, device=q.device)
+        if initial_state is not None:
+            state = initial_state[n].to(compute).clone()
+        for t in range(start, end):
+            state = state * g[b, t].exp()[:, None, None]
+            predicted = torch.einsum("hkv,hk->hv", state, k[b, t])
+            delta = beta[b, t][:, None] * (v[b, t] - predicted)
+            state = state + k[b, t][:, :, None] * delta[:, None, :]
+            out[b, t] = torch.einsum("hkv,hk->hv", state, q[b, t] * scale)
+        finals.append(state)
+    final = torch.stack(finals).float() if output_final_state else None
+    return out, final
+
+
+def chunk_gated_delta_rule_torch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The chunked algorithm of the spec in fp32 torch ops (chunks restart at sequence starts)."""
+    batch, tokens, heads, key_dim = q.shape
+    value_heads, value_dim = v.shape[2], v.shape[3]
+    group = value_heads // heads
+    scale = key_dim**-0.5 if scale is None else scale
+    qf, kf, vf = q.float(), k.float(), v.float()
+    if use_qk_l2norm_in_kernel:
+        qf, kf = _l2norm(qf), _l2norm(kf)
+    qf, kf = qf.repeat_interleave(group, dim=2), kf.repeat_interleave(group, dim=2)
+    gf, betaf = g.float(), beta.float()
+    out = torch.zeros(batch, tokens, value_heads, value_dim, dtype=torch.float32, device=q.device)
+    finals = []
+    for n, (b, start, end) in enumerate(_sequences(batch, tokens, cu_seqlens)):
+        state = torch.zeros(value_heads, key_dim, value_dim, device=q.device)
+        if initial_state is not None:
+            state = initial_state[n].float().clone()
+        length = end - start
+        if length:
+            padded = -(-length // CHUNK) * CHUNK
+
+            def chunks(x: torch.Tensor, b: int = b, start: int = start, end: int = end, padded: int = padded):
+                x = x[b, start:end].transpose(0, 1)  # [HV, length, ...]
+                pad = [0, 0] * (x.dim() - 2) + [0, padded - (end - start)]
+                return torch.nn.functional.pad(x, pad).unflatten(1, (-1, CHUNK))  # [HV, NT, C, ...]
+
+            qc, kc, vc = chunks(qf), chunks(kf), chunks(vf)
+            gc, bc = chunks(gf), chunks(betaf)
+            gate = gc.cumsum(-1)
+            decay = (gate[..., :, None] - gate[..., None, :]).tril().exp().tril()
+            lower = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).tril(-1)
+            attn = (bc[..., None] * kc @ kc.transpose(-1, -2)) * decay * lower
+            eye = torch.eye(CHUNK, device=q.device)
+            inverse = torch.linalg.solve_triangular(eye + attn, eye.expand_as(attn), upper=False)
+            u = inverse @ (bc[..., None] * vc)
+            w = inverse @ (bc[..., None] * gate.exp()[..., None] * kc)
+            causal = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).tril()
+            outputs = []
+            for c in range(padded // CHUNK):
+                v_new = u[:, c] - w[:, c] @ state
+                scores = (qc[:, c] @ kc[:, c].transpose(-1, -2)) * decay[:, c] * causal
+                outputs.append(scale * (gate[:, c].exp()[..., None] * (qc[:, c] @ state) + scores @ v_new))
+                valid = min(CHUNK, length - c * CHUNK)
+                last = gate[:, c, valid - 1]
+                tail = (last[:, None] - gate[:, c]).exp()
+                tail[:, valid:] = 0
+                state = state * last.exp()[:, None, None] + kc[:, c].transpose(-1, -2) @ (v_new * tail[..., None])
+            out[b, start:end] = torch.cat(outputs, dim=1)[:, :length].transpose(0, 1)
+        finals.append(state)
+    final = torch.stack(finals) if output_final_state else None
+    return out.to(v.dtype), final

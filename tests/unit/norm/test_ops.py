@@ -1,0 +1,221 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from polykernels import platform
+from polykernels.norm import (
+    choose,
+    layernorm_modulate,
+    layernorm_modulate_reference,
+    prefer,
+    qk_rmsnorm,
+    qk_rmsnorm_reference,
+    rmsnorm_scale_shift,
+    rmsnorm_scale_shift_reference,
+)
+from polykernels.norm.ops import _launch_norm, launch_qk_rmsnorm
+from tests.helpers import relative_rms_error
+
+H100 = platform.Platform(backend="cuda", arch="sm_90", device_name="H100", warp_size=32, runtime_version="13.0")
+MI300X = platform.Platform(backend="rocm", arch="gfx942", device_name="MI300X", warp_size=64, runtime_version="7.0")
+MI355X = platform.Platform(backend="rocm", arch="gfx950", device_name="MI355X", warp_size=64, runtime_version="7.0")
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def modulation(batch: int, tokens: int, dim: int, form: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    if form == "chunked":  # [B, D] views of one projection, as AdaLayerNormZero makes them
+        emb = torch.randn(batch, 6 * dim, dtype=dtype)
+        shift, scale = emb.chunk(6, dim=1)[:2]
+        return shift, scale
+    if form == "per_sample":
+        return torch.randn(batch, 1, dim, dtype=dtype), torch.randn(batch, 1, dim, dtype=dtype)
+    return torch.randn(batch, tokens, dim, dtype=dtype), torch.randn(batch, tokens, dim, dtype=dtype)
+
+
+@pytest.mark.cpu_only
+@pytest.mark.parametrize("dim", [1, 64, 100, 3072])
+@pytest.mark.parametrize("form", ["chunked", "per_sample", "per_token"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("rms", [False, True], ids=["layernorm", "rmsnorm"])
+def test_portable_kernel_matches_reference(dim: int, form: str, dtype: torch.dtype, rms: bool) -> None:
+    x = torch.randn(2, 3, dim).to(dtype)
+    shift, scale = modulation(2, 3, dim, form, dtype)
+    weight = torch.randn(dim).to(dtype) if rms else None
+    y, _, _ = _launch_norm(x, weight, shift, scale, 1e-6, exact=False)
+    if rms:
+        want = rmsnorm_scale_shift_reference(x, weight, shift, scale)
+    else:
+        want = layernorm_modulate_reference(x, shift, scale)
+    assert y.dtype == dtype
+    assert relative_rms_error(y, want) < TOLERANCE[dtype]
+
+
+@pytest.mark.cpu_only
+@pytest.mark.parametrize("head_dim", [16, 128, 72])
+def test_qk_rmsnorm_kernel_matches_reference(head_dim: int) -> None:
+    q, k = torch.randn(2, 9, 3, head_dim).half(), torch.randn(2, 5, 3, head_dim).half()
+    wq, wk = torch.randn(head_dim).half(), torch.randn(head_dim).half()
+    got, want = launch_qk_rmsnorm(q, k, wq, wk, 1e-6), qk_rmsnorm_reference(q, k, wq, wk)
+    assert relative_rms_error(got[0], want[0]) < 2e-3 and relative_rms_error(got[1], want[1]) < 2e-3
+
+
+def test_public_ops_on_cpu_run_the_reference() -> None:
+    x = torch.randn(2, 4, 32)
+    shift, scale = torch.randn(2, 32), torch.randn(2, 32)
+    assert torch.equal(layernorm_modulate(x, shift, scale), layernorm_modulate_reference(x, shift, scale))
+    w = torch.randn(32)
+    assert torch.equal(rmsnorm_scale_shift(x, w, shift, scale), rmsnorm_scale_shift_reference(x, w, shift, scale))
+    q = torch.randn(1, 4, 2, 32)
+    assert torch.equal(qk_rmsnorm(q, q, w, w)[0], qk_rmsnorm_reference(q, q, w, w)[0])
+
+
+# The guard, faked per platform: the PTX path is chosen only on CUDA, and never on ROCm.
+@pytest.mark.parametrize(
+    ("seen", "dtype", "contiguous", "expected"),
+    [
+        (H100, torch.bfloat16, True, "ptx"),
+        (H100, torch.float32, True, "ptx"),
+        (H100, torch.bfloat16, False, "triton"),
+        (H100, torch.float64, True, "triton"),
+        (MI300X, torch.bfloat16, True, "triton"),
+        (MI300X, torch.float32, True, "triton"),
+        (MI355X, torch.bfloat16, True, "triton"),
+        (MI355X, torch.float16, False, "triton"),
+    ],
+    ids=lambda v: getattr(v, "arch", str(v)),
+)
+def test_guard_choice_per_platform(seen: platform.Platform, dtype: torch.dtype, contiguous: bool, expected: str) -> None:
+    with platform.use(seen):
+        choice = choose("cuda", dtype, contiguous)
+        assert choice.path == expected, choice.reason
+        if seen.backend == "rocm":
+            assert "inline PTX cannot compile" in choice.reason
+        assert choose("cpu", dtype, contiguous).path == "torch"
+        assert choose("cuda", dtype, contiguous, exact_epilogue=False).path == "triton"
+        with prefer("portable"):
+            assert choose("cuda", dtype, contiguous).path == "triton"
+
+
+@pytest.mark.parametrize(("seen", "expected_flags"), [(MI300X, [False]), (MI355X, [False]), (H100, [True])],
+                         ids=["gfx942", "gfx950", "sm_90"])
+def test_op_asks_for_ptx_only_where_guard_allows(monkeypatch, seen, expected_flags) -> None:
+    # Record the EXACT_PTX flag of every launch instead of launching, with the tensor treated
+    # as a GPU tensor of the faked platform.
+    from polykernels.norm import ops
+
+    flags = []
+    monkeypatch.setattr(ops, "_launch_norm", lambda *a, exact: flags.append(exact) or (a[0].clone(), None, None))
+    real_choose = ops.guards.choose
+    monkeypatch.setattr(ops.guards, "choose", lambda device_type, *a, **k: real_choose("cuda", *a, **k))
+    with platform.use(seen):
+        ops._layernorm_modulate_op(torch.randn(1, 2, 8), torch.zeros(1, 1, 8), torch.zeros(1, 1, 8), 1e-6)
+    assert flags == expected_flags
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel", ["layernorm_modulate_ptx", "rmsnorm_scale_shift_ptx"])
+def test_ptx_specialization_kills_the_compiler_for_gfx942(kernel: str) -> None:
+    # The real failure, no AMD hardware needed: LLVM's fatal error ends the compiling process
+    # (no exception), which is why the guard must decide before the first launch.
+    from polykernels.kernel_registry import probe
+
+    result = probe(kernel, "hip:gfx942")
+    assert not result.compiled and "couldn't allocate output register for constraint 'f'" in result.detail
+    assert not result.allowed and result.consistent  # the guard keeps it off ROCm
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["hip:gfx942", "hip:gfx950", "cuda:90"])
+def test_portable_kernels_compile_for_amd_and_nvidia(target: str) -> None:
+    from polykernels.kernel_registry import probe
+
+    for kernel in ("layernorm_modulate", "rmsnorm_scale_shift", "qk_rmsnorm"):
+        result = probe(kernel, target)
+        assert result.compiled, result.detail
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda: layernorm_modulate(torch.randn(2, 3, 8), torch.randn(2, 9), torch.randn(2, 8)), ValueError,
+         r"shift must be \[B, D\], \[B, 1, D\] or \[B, L, D\] = \[2, 3, 8\].*got \(2, 9\)"),
+        (lambda: layernorm_modulate(torch.randn(2, 3, 8), torch.randn(3, 8), torch.randn(3, 8)), ValueError,
+         r"shift must be"),
+        (lambda: layernorm_modulate(torch.randn(2, 3, 8).half(), torch.randn(2, 8).bfloat16(), torch.randn(2, 8)),
+         TypeError, r"shift must be torch.float16 \(like x\) or float32, got torch.bfloat16"),
+        (lambda: layernorm_modulate(torch.randn(2, 8, 3).transpose(1, 2), torch.randn(2, 8), torch.randn(2, 8)),
+         ValueError, r"x must be contiguous"),
+        (lambda: layernorm_modulate(torch.randn(2, 0, 8), torch.randn(2, 8), torch.randn(2, 8)), ValueError,
+         r"x is empty"),
+        (lambda: layernorm_modulate(torch.randn(2, 8), torch.randn(2, 8), torch.randn(2, 8)), ValueError,
+         r"x must have 3 dimensions"),
+        (lambda: layernorm_modulate(torch.randn(1, 1, 16385), torch.randn(1, 16385), torch.randn(1, 16385)),
+         ValueError, r"at most 16384"),
+        (lambda: layernorm_modulate(torch.randn(1, 2, 8).double(), torch.randn(1, 8), torch.randn(1, 8)),
+         TypeError, r"x must be float32, float16 or bfloat16"),
+        (lambda: layernorm_modulate(torch.randn(1, 2, 8), torch.randn(8, 1).t(), torch.randn(1, 8)), None, None),
+        (lambda: layernorm_modulate(torch.randn(1, 2, 8), torch.randn(1, 16)[:, ::2], torch.randn(1, 8)),
+         ValueError, r"shift's last dimension must be contiguous"),
+        (lambda: rmsnorm_scale_shift(torch.randn(1, 2, 8), torch.randn(7), torch.randn(1, 8), torch.randn(1, 8)),
+         ValueError, r"weight must have shape \(8,\)"),
+        (lambda: qk_rmsnorm(torch.randn(1, 2, 2, 8), torch.randn(1, 2, 2, 4), torch.randn(8), torch.randn(4)),
+         ValueError, r"q and k must share head_dim"),
+    ],
+    ids=["bad-shift-D", "bad-batch", "dtype-mix", "non-contiguous", "empty", "2d", "too-wide", "float64",
+         "transposed-1xD-ok", "strided-last-dim", "weight-shape", "qk-head-dim"],
+)
+def test_bad_input_names_the_argument(call, error, match) -> None:
+    if error is None:
+        call()
+        return
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_torch_compile_traces_the_ops() -> None:
+    x, shift, scale = torch.randn(2, 4, 32), torch.randn(2, 32), torch.randn(2, 32)
+    compiled = torch.compile(lambda a: layernorm_modulate(a, shift, scale) + 1, fullgraph=True, backend="aot_eager")
+    assert torch.allclose(compiled(x), layernorm_modulate(x, shift, scale) + 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("dim", [128, 3072, 5000, 16384])
+def test_gpu_paths_match_reference(gpu_device: str, dtype: torch.dtype, dim: int) -> None:
+    x = torch.randn(2, 257, dim, device=gpu_device, dtype=dtype)
+    emb = torch.randn(2, 6 * dim, device=gpu_device, dtype=dtype)
+    shift, scale = emb.chunk(6, dim=1)[:2]
+    weight = torch.randn(dim, device=gpu_device, dtype=dtype)
+    for preference in ("auto", "portable"):
+        with prefer(preference):
+            got = layernorm_modulate(x, shift, scale)
+            assert relative_rms_error(got, layernorm_modulate_reference(x, shift, scale)) < TOLERANCE[dtype]
+            got = rmsnorm_scale_shift(x, weight, shift, scale)
+            want = rmsnorm_scale_shift_reference(x, weight, shift, scale)
+            assert relative_rms_error(got, want) < TOLERANCE[dtype]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rms", [False, True], ids=["layernorm", "rmsnorm"])
+def test_gpu_ptx_epilogue_is_bit_exact_with_eager_fp32(gpu_device: str, rms: bool) -> None:
+    # What the PTX path buys, proven: given the kernel's own statistics, its output is
+    # bit-identical to PyTorch eager's fp32 arithmetic (separately rounded mul/add, IEEE rstd);
+    # the portable path's FMA contraction is not.
+    if not platform.has_inline_ptx():
+        pytest.fail("this GPU test needs an NVIDIA GPU")
+    dim = 3072
+    x = torch.randn(1, 4608, dim, device=gpu_device)
+    shift, scale = torch.randn(1, dim, device=gpu_device), torch.randn(1, dim, device=gpu_device)
+    weight = torch.randn(dim, device=gpu_device) if rms else None
+    mismatches = {}
+    for exact in (True, False):
+        y, mean, rstd = _launch_norm(x, weight, shift, scale, 1e-6, exact=exact)
+        centered = x - mean.view(1, -1, 1)
+        normed = centered * rstd.view(1, -1, 1)
+        if rms:
+            normed = normed * weight
+        eager = normed * (1 + scale[:, None]) + shift[:, None]
+        mismatches[exact] = int((y != eager).sum())
+    assert mismatches[True] == 0
+    print(f"portable path differs from eager fp32 in {mismatches[False]} of {x.numel()} elements")

@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from polykernels import _manifest
+from polykernels.platform import Platform
+
+H100 = Platform(backend="cuda", arch="sm_90", device_name="H100", warp_size=32, runtime_version="13.0")
+B200 = Platform(backend="cuda", arch="sm_100", device_name="B200", warp_size=32, runtime_version="13.0")
+RTX = Platform(backend="cuda", arch="sm_121", device_name="RTX", warp_size=32, runtime_version="13.0")
+A10 = Platform(backend="cuda", arch="sm_86", device_name="A10", warp_size=32, runtime_version="13.0")
+T4 = Platform(backend="cuda", arch="sm_75", device_name="T4", warp_size=32, runtime_version="13.0")
+MI300X = Platform(backend="rocm", arch="gfx942", device_name="MI300X", warp_size=64, runtime_version="7.0.1")
+MI355X = Platform(backend="rocm", arch="gfx950", device_name="MI355X", warp_size=64, runtime_version="7.0.1")
+CPU = Platform(backend="cpu", arch=None, device_name=None, warp_size=1, runtime_version=None)
+
+CUDA_WHEEL = _manifest.BuildInfo(target="cuda13", variant="cu130", backend="cuda",
+                                 archs=("8.0", "9.0", "10.0", "12.0+PTX"), toolkit="13.0", torch_floor="2.11")
+GFX942_WHEEL = _manifest.BuildInfo(target="rocm-gfx942", variant="rocm7.gfx942", backend="rocm",
+                                   archs=("gfx942",), toolkit="7.0", torch_floor="2.13")
+
+
+@pytest.mark.parametrize("seen", [H100, B200, RTX, A10], ids=lambda p: p.device_name)
+def test_cuda_wheel_runs_on_covered_nvidia(seen: Platform) -> None:
+    _manifest.check(CUDA_WHEEL, seen, "2.11.0+cu130")
+
+
+def test_cuda_wheel_under_rocm_torch_names_the_rocm_wheel() -> None:
+    with pytest.raises(ImportError, match=r"CUDA build .* ROCm build .*rocm7\.gfx942/simple polykernels"):
+        _manifest.check(CUDA_WHEEL, MI300X, "2.13.0+rocm7.0")
+
+
+def test_rocm_wheel_under_cuda_torch_names_the_cuda_wheel() -> None:
+    with pytest.raises(ImportError, match=r"ROCm build .* CUDA build .*cu130/simple polykernels"):
+        _manifest.check(GFX942_WHEEL, H100, "2.13.0+cu130")
+
+
+def test_missing_gpu_arch_is_named() -> None:
+    with pytest.raises(ImportError, match=r"no device code for this GPU \(MI355X, gfx950\).*rocm7\.gfx950"):
+        _manifest.check(GFX942_WHEEL, MI355X, "2.13.0+rocm7.0")
+    with pytest.raises(ImportError, match=r"sm_75"):
+        _manifest.check(CUDA_WHEEL, T4, "2.11.0")
+
+
+def test_torch_below_floor() -> None:
+    with pytest.raises(ImportError, match=r"needs torch >= 2\.11, but torch 2\.10\.1\+cu128 is installed.*upgrade 'torch>=2\.11'"):
+        _manifest.check(CUDA_WHEEL, H100, "2.10.1+cu128")
+
+
+def test_cpu_platform_accepts_any_wheel_backend_checks_only_torch() -> None:
+    _manifest.check(CUDA_WHEEL, CPU, "2.11.0")
+
+
+def test_source_tree_has_no_manifest_and_no_check() -> None:
+    _manifest.check(None, MI300X, "1.0")
+
+
+def test_import_fails_cleanly_for_wrong_wheel(tmp_path: Path) -> None:
+    # A copy of the package whose manifest claims a torch floor above the installed torch:
+    # `import polykernels` must raise IncompatibleWheelError, not crash later.
+    import shutil
+
+    import polykernels
+
+    package = tmp_path / "polykernels"
+    shutil.copytree(Path(polykernels.__file__).parent, package, ignore=shutil.ignore_patterns("*.so"))
+    info = {"target": "cuda13", "variant": "cu130", "backend": "cpu", "archs": [], "toolkit": None,
+            "torch_floor": "99.0"}
+    (package / "_build_info.json").write_text(json.dumps(info))
+    proc = subprocess.run([sys.executable, "-c", "import polykernels"], cwd=tmp_path, capture_output=True,
+                          text=True, env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 1
+    assert "IncompatibleWheelError" in proc.stderr and "needs torch >= 99.0" in proc.stderr
