@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import nox
 
 nox.needs_version = ">=2025.2.9"
@@ -55,7 +57,7 @@ def tests(session: nox.Session) -> None:
 @nox.session(venv_backend="none", default=False)
 def bench(session: nox.Session) -> None:
     """GPU benchmarks beside torch eager / torch.compile / FLA, against the copy roofline (GPU host's Python)."""
-    session.run("python", "-m", "benchmarks.run", *session.posargs)
+    session.run(sys.executable, "-m", "benchmarks.run", *session.posargs)
 
 
 @nox.session(default=False)

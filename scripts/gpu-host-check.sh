@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# On a GPU host with torch, triton and nvcc: build the CUDA extension in place, then run the GPU
+# tests, the pre-publish suites and the benchmarks. A debugging shortcut: releases test the
+# wheel built in the builder image instead (nox -s gate).
+#   scripts/gpu-host-check.sh OUT_DIR [pytest args...]
+set -uo pipefail
+out=${1:-build/gpu-check}
+shift || true
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+step() { echo "== $1 ($(date -u +%H:%M:%S))"; }
+
+step "build the CUDA extension (TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0})"
+POLYKERNELS_BACKEND=cuda TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} \
+  python3 setup.py -q build_ext --inplace >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
+
+step "GPU tests"
+timeout "${TEST_TIMEOUT:-300}" python3 -m pytest tests/unit -m gpu --run-gpu -q -rfE -p no:cacheprovider "$@" \
+  2>&1 | tee "$out/pytest.log" | grep -vE '^\s*$' | tail -25
+
+step "suites"
+timeout "${SUITES_TIMEOUT:-200}" python3 -m polykernels.suites --report "$out/suites.json" 2>&1 | tee "$out/suites.log"
+
+step "benchmarks"
+timeout "${BENCH_TIMEOUT:-240}" python3 -m nox -s bench -- --out "$out" 2>&1 | tee "$out/bench.log" | tail -40
+step "done"
