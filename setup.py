@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -147,6 +148,18 @@ def nvcc_arch_flags(archs: tuple[str, ...]) -> list[str]:
     return flags
 
 
+def nvcc_library_dirs(nvcc: str) -> list[str]:
+    """Where this nvcc's own libcudart lives, as nvcc reports it (wrappers and pip layouts included)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = Path(tmp) / "probe.cu"
+        probe.write_text("")
+        out = subprocess.run([nvcc, "--dryrun", "-c", str(probe), "-o", str(Path(tmp) / "probe.o")],
+                             capture_output=True, text=True, check=False)
+    text = out.stdout + out.stderr
+    dirs = re.findall(r'"-L([^"]+)"', next((line for line in text.splitlines() if "LIBRARIES=" in line), ""))
+    return [d for d in dirs if not d.rstrip("/").endswith("stubs")]
+
+
 def _run(argv: list[str]) -> None:
     print(" ".join(argv), flush=True)
     subprocess.run(argv, check=True)
@@ -210,8 +223,7 @@ class BuildStableExtension(build_ext):
             linker = [os.environ.get("CXX", "c++"), "-shared"]
             runtime = []
             if build.backend == "cuda":
-                cuda_home = Path(build.compiler).parent.parent
-                runtime = [f"-L{cuda_home / 'lib64'}", f"-L{cuda_home / 'lib'}", "-lcudart"]
+                runtime = [*(f"-L{d}" for d in nvcc_library_dirs(build.compiler)), "-lcudart"]
         _run([*linker, *objects, "-o", str(output), *torch_lib, *torch_libs, *runtime])
         self._write_build_info(build, output.parent)
 

@@ -11,7 +11,10 @@
 #include "int4_qat/fake_int4_quant_kernel.cuh"
 #include "polykernels/portable.h"
 
-#if TORCH_FEATURE_VERSION < TORCH_VERSION_2_13_0
+// Spelled as a number: headers older than 2.13 do not define TORCH_VERSION_2_13_0, and an
+// undefined macro in #if silently reads as 0.
+#define PK_STABLE_2_13 0x020d000000000000ULL
+#if TORCH_FEATURE_VERSION < PK_STABLE_2_13
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #endif
 
@@ -24,7 +27,7 @@ constexpr int kThreadsPerBlock = 256;
 constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // grid-stride beyond this
 
 pk_stream_t current_stream(int32_t device_index) {
-#if TORCH_FEATURE_VERSION >= TORCH_VERSION_2_13_0
+#if TORCH_FEATURE_VERSION >= PK_STABLE_2_13
   return static_cast<pk_stream_t>(torch::stable::accelerator::getCurrentStream(device_index).nativeHandle());
 #else
   // Before 2.13 the stable ABI offers only the CUDA-named shim (CUDA builds target 2.11).
