@@ -190,8 +190,7 @@ class BuildStableExtension(build_ext):
         build: ExtensionBuild = resolve_build(os.environ)
         include_dirs = [str(CSRC / "include"), str(CSRC), *cpp.include_paths()]
         includes = [f"-I{d}" for d in include_dirs]
-        common = ["-O3", "-fPIC" if build.backend != "cuda" else "", "-std=c++20", build.target_version_macro]
-        common = [f for f in common if f]
+        common = ["-O3", "-std=c++20", build.target_version_macro]
         temp = Path(self.build_temp) / build.backend
         temp.mkdir(parents=True, exist_ok=True)
         objects = []
@@ -201,12 +200,12 @@ class BuildStableExtension(build_ext):
             src = str(ROOT / source)
             if source.endswith(".cpp"):
                 cxx = os.environ.get("CXX", "c++")
-                _run([cxx, "-c", src, "-o", str(obj), *common, "-Wall", *includes])
+                _run([cxx, "-c", src, "-o", str(obj), *common, "-fPIC", "-Wall", *includes])
             elif build.backend == "cuda":
                 _run([build.compiler, "-c", src, "-o", str(obj), *common, "-DUSE_CUDA", "-Xcompiler", "-fPIC",
                       "--prec-div=true", "--ftz=false", *nvcc_arch_flags(build.archs), *includes])
             else:
-                _run([build.compiler, "-c", "-x", "hip", src, "-o", str(obj), *common, "-DUSE_ROCM=1",
+                _run([build.compiler, "-c", "-x", "hip", src, "-o", str(obj), *common, "-fPIC", "-DUSE_ROCM=1",
                       "-D__HIP_PLATFORM_AMD__=1", "-fhip-fp32-correctly-rounded-divide-sqrt",
                       "-fno-gpu-rdc", *[f"--offload-arch={a}" for a in build.archs], *includes])
             objects.append(str(obj))
