@@ -16,12 +16,14 @@ POLYKERNELS_BACKEND=cuda TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} \
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
 
 step "GPU tests"
-timeout "${TEST_TIMEOUT:-300}" python3 -m pytest tests/unit -m gpu --run-gpu -q -rfE -p no:cacheprovider "$@" \
-  2>&1 | tee "$out/pytest.log" | grep -vE '^\s*$' | tail -25
+timeout "${TEST_TIMEOUT:-300}" python3 -m pytest tests/unit -m "gpu and not slow" --run-gpu -q -rfE \
+  -p no:cacheprovider --durations=5 "$@" 2>&1 | tee "$out/pytest.log" | grep -vE '^\s*$' | tail -25
 
 step "suites"
 timeout "${SUITES_TIMEOUT:-200}" python3 -m polykernels.suites --report "$out/suites.json" 2>&1 | tee "$out/suites.log"
 
 step "benchmarks"
 timeout "${BENCH_TIMEOUT:-240}" python3 -m nox -s bench -- --out "$out" 2>&1 | tee "$out/bench.log" | tail -40
+step "large-index check (state buffer past 2^31 elements)"
+timeout "${LARGE_TIMEOUT:-120}" python3 -m benchmarks.gdn_large_index | tee "$out/large_index.json"
 step "done"

@@ -78,7 +78,8 @@ def launch_chunk_gated_delta_rule(
         k, v, g, beta, w, u, gate_cumsum, chunk_tensor, **shape, BV=prepare_bv,
         NV=-(-value_dim // prepare_bv), L2NORM=use_qk_l2norm_in_kernel, DOT_PRECISION=precision, num_warps=4,
     )
-    scan_bv = min(block_v, 32 if block_k > 128 else 64)
+    # Thin parallelism (N x HV x V/BV programs) is what limits the scan: narrow V tiles.
+    scan_bv = min(block_v, 16 if block_k > 128 else 32)
     initial = initial_state.float().contiguous() if initial_state is not None else final
     gdn_scan_kernel[(-(-value_dim // scan_bv), num_seqs, value_heads)](
         k, w, u, gate_cumsum, initial, final, states, v_new, seq_tensor, starts_tensor, **shape, BV=scan_bv,

@@ -54,7 +54,10 @@ def run_suites(names: list[str], device: torch.device) -> Report:
 
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     start = time.perf_counter()
-    results = [run_one(name, device) for name in names]
+    results = []
+    for name in names:
+        results.append(run_one(name, device))
+        print(f"  {name}: {results[-1].status} in {results[-1].seconds:.1f}s", flush=True)
     info = _manifest.load_build_info()
     import polykernels
 
