@@ -6,6 +6,10 @@ Everything the build needs is resolved once, from the environment, into `Extensi
   a ROCm build, ``cuda`` when nvcc is found (``CUDA_HOME`` or the PATH), else ``cpu``.
 - ``TORCH_CUDA_ARCH_LIST`` (default ``8.0;9.0;10.0;12.0+PTX``), ``PYTORCH_ROCM_ARCH``
   (default ``gfx942;gfx950``).
+- ``POLYKERNELS_TORCH_SDK``: a torch package directory (``.../torch``) to compile and link
+  against instead of the build Python's torch (builder images unpack one from a torch wheel,
+  whatever its Python tag).
+- ``POLYKERNELS_COMPILER_LAUNCHER``: a command put before every compile (``ccache``).
 - ``POLYKERNELS_BUILD_INFO``: JSON written by the factory (target, variant, git sha, image
   digest); its ``variant`` becomes the local version label (``0.1.0+cu130``).
 
@@ -78,9 +82,27 @@ def _find_hipcc(env: Mapping[str, str]) -> str | None:
 
 
 def _torch_is_rocm() -> bool:
-    import torch
-
+    try:
+        import torch
+    except ImportError:
+        return False
     return bool(getattr(torch.version, "hip", None))
+
+
+def torch_paths(env: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """(include dirs, library dirs) of the torch the extension is built against."""
+    sdk = env.get("POLYKERNELS_TORCH_SDK")
+    if sdk:
+        root = Path(sdk)
+        if not (root / "include" / "torch" / "csrc" / "stable").is_dir():
+            raise BuildConfigError(f"POLYKERNELS_TORCH_SDK={sdk} holds no torch/csrc/stable headers")
+        return [str(root / "include"), str(root / "include" / "torch" / "csrc" / "api" / "include")], [
+            str(root / "lib")]
+    try:
+        import torch.utils.cpp_extension as cpp
+    except ImportError:
+        raise BuildConfigError("torch is not importable: install torch>=2.11 or set POLYKERNELS_TORCH_SDK") from None
+    return cpp.include_paths(), cpp.library_paths()
 
 
 def parse_cuda_archs(spec: str) -> tuple[str, ...]:
@@ -185,10 +207,10 @@ class BuildStableExtension(build_ext):
                 shutil.copy2(built, ROOT / "src" / "polykernels" / "_build_info.json")
 
     def build_extension(self, ext: Extension) -> None:
-        import torch.utils.cpp_extension as cpp
-
         build: ExtensionBuild = resolve_build(os.environ)
-        include_dirs = [str(CSRC / "include"), str(CSRC), *cpp.include_paths()]
+        torch_includes, torch_libraries = torch_paths(os.environ)
+        launcher = os.environ.get("POLYKERNELS_COMPILER_LAUNCHER", "").split()
+        include_dirs = [str(CSRC / "include"), str(CSRC), *torch_includes]
         includes = [f"-I{d}" for d in include_dirs]
         common = ["-O3", "-std=c++20", build.target_version_macro]
         temp = Path(self.build_temp) / build.backend
@@ -200,18 +222,18 @@ class BuildStableExtension(build_ext):
             src = str(ROOT / source)
             if source.endswith(".cpp"):
                 cxx = os.environ.get("CXX", "c++")
-                _run([cxx, "-c", src, "-o", str(obj), *common, "-fPIC", "-Wall", *includes])
+                _run([*launcher, cxx, "-c", src, "-o", str(obj), *common, "-fPIC", "-Wall", *includes])
             elif build.backend == "cuda":
-                _run([build.compiler, "-c", src, "-o", str(obj), *common, "-DUSE_CUDA", "-Xcompiler", "-fPIC",
+                _run([*launcher, build.compiler, "-c", src, "-o", str(obj), *common, "-DUSE_CUDA", "-Xcompiler", "-fPIC",
                       "--prec-div=true", "--ftz=false", *nvcc_arch_flags(build.archs), *includes])
             else:
-                _run([build.compiler, "-c", "-x", "hip", src, "-o", str(obj), *common, "-fPIC", "-DUSE_ROCM=1",
+                _run([*launcher, build.compiler, "-c", "-x", "hip", src, "-o", str(obj), *common, "-fPIC", "-DUSE_ROCM=1",
                       "-D__HIP_PLATFORM_AMD__=1", "-fhip-fp32-correctly-rounded-divide-sqrt",
                       "-fno-gpu-rdc", *[f"--offload-arch={a}" for a in build.archs], *includes])
             objects.append(str(obj))
         output = Path(self.get_ext_fullpath(ext.name))
         output.parent.mkdir(parents=True, exist_ok=True)
-        torch_lib = [f"-L{d}" for d in cpp.library_paths()]
+        torch_lib = [f"-L{d}" for d in torch_libraries]
         # Record the torch sonames: torch loads its libraries RTLD_LOCAL, so the stable C
         # symbols resolve only through our own DT_NEEDED entries.
         torch_libs = ["-Wl,--no-as-needed", "-ltorch", "-ltorch_cpu", "-lc10", "-Wl,--as-needed"]

@@ -1,0 +1,137 @@
+"""Builder images: a vendor image pinned by digest, or an offline base bootstrapped from Debian
+packages and PyPI; then the toolchain's builder recipe on top. One Dockerfile per toolchain;
+the profile only changes the base."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from polykernels_build import engine
+from polykernels_build.errors import ConfigError, ImageError
+from polykernels_build.settings import Settings
+from polykernels_build.targets import Matrix, Target
+from polykernels_build.tools import run
+
+# manylinux images carry every CPython; this is the one the vendor profile builds with.
+VENDOR_PYTHON = "cp311"
+DEVIATIONS = {
+    "rocm": "HIP runtime from Debian (libamdhip64.so.6, HIP 6.4), not ROCm 7: runs on ROCm 6 runtimes",
+    "cuda": "glibc and libstdc++ of Debian bookworm instead of manylinux_2_28's: the wheel tag says which",
+    "cpu": "glibc and libstdc++ of Debian bookworm instead of manylinux_2_28's: the wheel tag says which",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuilderImage:
+    target: str
+    profile: str
+    tag: str
+    image_id: str
+    base: str
+    python: str
+    deviations: tuple[str, ...]
+
+    @property
+    def build_identifier(self) -> str:
+        return f"{self.python}-manylinux_x86_64"
+
+
+def builder_tag(target: Target, profile: str) -> str:
+    source = target.offline.recipe if profile == "offline" else "vendor"
+    return f"polykernels-builder:{target.toolchain}-{source}"
+
+
+def wheelhouse(settings: Settings, matrix: Matrix, log: Path) -> Path:
+    """build/wheelhouse holds the torch wheel whose headers and libraries every build uses."""
+    house = settings.build_dir / "wheelhouse"
+    if not list(house.glob("torch-*.whl")):
+        house.mkdir(parents=True, exist_ok=True)
+        run(["python3", "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(house),
+             matrix.build_torch], log=log, env=settings.tool_env,
+            hint=f"could not fetch {matrix.build_torch}; put its wheel into {house} by hand on air-gapped hosts")
+    return house
+
+
+def _context(settings: Settings, house: Path) -> Path:
+    """The build context: docker/, the wheelhouse (hard links, no copies of torch), and the CA
+    bundle (empty when none), which only download stages copy."""
+    context = settings.build_dir / "docker-context"
+    if context.exists():
+        shutil.rmtree(context)
+    shutil.copytree(settings.root / "docker", context)
+    bundle = context / "ca-bundle.crt"
+    if settings.ca_bundle:
+        shutil.copy2(settings.ca_bundle, bundle)
+    else:
+        bundle.write_text("")
+    (context / "wheelhouse").mkdir()
+    for wheel in house.glob("*.whl"):
+        target = context / "wheelhouse" / wheel.name
+        try:
+            target.hardlink_to(wheel)
+        except OSError:
+            shutil.copy2(wheel, target)
+    return context
+
+
+def debian_base(settings: Settings, suite: str, packages: tuple[str, ...], tag: str, log: Path) -> str:
+    """A Debian root filesystem from the distribution archive, imported as an image."""
+    existing = engine.image_id(tag)
+    if existing:
+        return existing
+    if shutil.which("mmdebstrap") is None:
+        raise ImageError("the offline profile needs mmdebstrap to make its Debian base",
+                         hint="apt-get install -y mmdebstrap (or use --profile vendor where registries are reachable)")
+    argv = ["mmdebstrap", "--variant=minbase", "--aptopt=Acquire::Check-Valid-Until \"false\"",
+            f"--include={','.join(packages)}", suite, "-"]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as handle:
+        handle.write(f"\n$ {' '.join(argv)} | docker import - {tag}\n".encode())
+        handle.flush()
+        debootstrap = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=handle, env=dict(settings.tool_env))
+        imported = subprocess.run(["docker", "import", "-", tag], stdin=debootstrap.stdout, stdout=handle,
+                                  stderr=handle, check=False)
+        debootstrap.wait()
+    if debootstrap.returncode or imported.returncode:
+        raise ImageError(f"bootstrapping the Debian {suite} base failed", log=log,
+                         hint="check that the Debian archive is reachable (apt-get update works)")
+    return engine.require_image(tag, "docker import left no image")
+
+
+def builder_image(settings: Settings, matrix: Matrix, target: Target, profile: str, log: Path, *,
+                  allow_unpinned: bool = False) -> BuilderImage:
+    if profile not in ("vendor", "offline"):
+        raise ConfigError(f"unknown profile {profile!r}", hint="use --profile vendor or --profile offline")
+    engine.require_engine()
+    house = wheelhouse(settings, matrix, log)
+    context = _context(settings, house)
+    if profile == "vendor":
+        if not target.vendor.digest and not allow_unpinned:
+            raise ConfigError(
+                f"{target.name}: the vendor image {target.vendor.image} is not pinned by digest in {matrix.path}",
+                hint="pull it on a trusted host, put `docker image inspect --format '{{index .RepoDigests 0}}'`'s "
+                     "sha256 into the target's vendor.digest, or pass --allow-unpinned for a local experiment",
+            )
+        base, python, deviations = target.vendor.reference, VENDOR_PYTHON, ()
+    else:
+        bootstrap = matrix.bootstrap_for(target)
+        # Recipes with the same suite and packages share one Debian base.
+        digest = hashlib.sha256(" ".join(sorted(bootstrap.packages)).encode()).hexdigest()[:10]
+        debian = debian_base(settings, bootstrap.suite, bootstrap.packages,
+                             f"polykernels-base:{bootstrap.suite}-{digest}", log)
+        base = f"polykernels-toolchain:{bootstrap.name}"
+        engine.build(context / "bootstrap" / f"{bootstrap.name}.Dockerfile", context, base,
+                     build_args={"BASE_IMAGE": debian, "PYTHON_TAG": bootstrap.python,
+                                 "CUDA_VERSION": target.toolkit},
+                     log=log, tool_env=settings.tool_env)
+        python, deviations = bootstrap.python, (DEVIATIONS[target.backend],)
+    tag = builder_tag(target, profile)
+    image_id = engine.build(context / "builder" / f"{target.toolchain}.Dockerfile", context, tag,
+                            build_args={"BASE_IMAGE": base, "PYTHON_TAG": python}, log=log,
+                            tool_env=settings.tool_env)
+    return BuilderImage(target=target.name, profile=profile, tag=tag, image_id=image_id, base=base, python=python,
+                        deviations=deviations)

@@ -1,0 +1,41 @@
+"""Everything the factory takes from its environment, read once (by the CLI) from an injected
+mapping. No other factory module reads os.environ: tests pass a dict.
+
+Variables:
+- ``POLYKERNELS_CA_BUNDLE`` (else ``PIP_CERT``, else ``SSL_CERT_FILE``): a CA bundle for TLS-
+  intercepting networks, copied only into the download stages of image builds and mounted
+  read-only into containers; never baked into a final image.
+- ``POLYKERNELS_KEEP_CONTAINER=1``: keep containers after a step, for debugging.
+- ``GITHUB_ACTIONS``, ``GITHUB_STEP_SUMMARY``: log groups and the summary in Actions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_PASSED_TO_TOOLS = ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONFIG", "LANG", "TMPDIR", "PIP_CERT", "SSL_CERT_FILE",
+                    "PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_CONFIG_FILE")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    root: Path
+    ca_bundle: Path | None = None
+    keep_containers: bool = False
+    tool_env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def build_dir(self) -> Path:
+        return self.root / "build"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], root: Path) -> Settings:
+        bundle = env.get("POLYKERNELS_CA_BUNDLE") or env.get("PIP_CERT") or env.get("SSL_CERT_FILE")
+        return cls(
+            root=root,
+            ca_bundle=Path(bundle) if bundle and Path(bundle).is_file() else None,
+            keep_containers=env.get("POLYKERNELS_KEEP_CONTAINER") == "1",
+            tool_env={k: v for k, v in env.items() if k in _PASSED_TO_TOOLS},
+        )

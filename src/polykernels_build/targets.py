@@ -1,0 +1,197 @@
+"""targets.toml, loaded once into frozen dataclasses; unknown keys and bad values are errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from polykernels_build.errors import ConfigError
+
+Backend = Literal["cpu", "cuda", "rocm"]
+Profile = Literal["vendor", "offline"]
+BACKENDS = ("cpu", "cuda", "rocm")
+PROFILES = ("vendor", "offline")
+HARDWARE = ("any", "nvidia", "gfx942", "gfx950")
+ROCM_ARCHS = ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1200", "gfx1201")
+CUDA_ARCH = re.compile(r"^\d+\.\d+[af]?(\+PTX)?$")
+VARIANT = re.compile(r"^[a-z0-9]+(\.[a-z0-9]+)*$")
+DIGEST = re.compile(r"^(sha256:[0-9a-f]{64})?$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class VendorImage:
+    image: str
+    digest: str  # "" = not pinned yet
+
+    @property
+    def reference(self) -> str:
+        return f"{self.image}@{self.digest}" if self.digest else self.image
+
+
+@dataclass(frozen=True, kw_only=True)
+class OfflineRecipe:
+    recipe: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bootstrap:
+    name: str
+    suite: str
+    packages: tuple[str, ...]
+    python: str  # cibuildwheel interpreter tag, e.g. cp311
+
+    @property
+    def build_identifier(self) -> str:
+        return f"{self.python}-manylinux_x86_64"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    name: str
+    backend: Backend
+    archs: tuple[str, ...]
+    toolkit: str
+    torch_floor: str
+    variant: str
+    hardware: str
+    size_budget_mib: float
+    runners: tuple[str, ...]
+    toolchain: str
+    vendor: VendorImage
+    offline: OfflineRecipe
+
+
+@dataclass(frozen=True, kw_only=True)
+class Matrix:
+    path: Path
+    build_torch: str
+    targets: Mapping[str, Target]
+    bootstraps: Mapping[str, Bootstrap] = field(default_factory=dict)
+
+    def target(self, name: str) -> Target:
+        if name not in self.targets:
+            raise ConfigError(f"unknown target {name!r}", hint=f"choose one of: {', '.join(self.targets)}")
+        return self.targets[name]
+
+    def bootstrap_for(self, target: Target) -> Bootstrap:
+        return self.bootstraps[target.offline.recipe]
+
+
+_TARGET_KEYS = {f.name for f in dataclasses.fields(Target)} - {"name"}
+_BOOTSTRAP_KEYS = {f.name for f in dataclasses.fields(Bootstrap)} - {"name"}
+
+
+def _require(table: Mapping[str, Any], keys: set[str], where: str, path: Path) -> None:
+    unknown = set(table) - keys
+    if unknown:
+        raise ConfigError(f"{path}: [{where}] has unknown keys {sorted(unknown)}; allowed: {sorted(keys)}")
+    missing = keys - set(table)
+    if missing:
+        raise ConfigError(f"{path}: [{where}] is missing {sorted(missing)}")
+
+
+def _check(ok: bool, path: Path, where: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"{path}: [{where}] {message}")
+
+
+def _target(name: str, table: Mapping[str, Any], path: Path, bootstraps: Mapping[str, Bootstrap]) -> Target:
+    where = f"target.{name}"
+    _require(table, _TARGET_KEYS, where, path)
+    backend = table["backend"]
+    _check(backend in BACKENDS, path, where, f"backend must be one of {BACKENDS}, got {backend!r}")
+    archs = tuple(table["archs"])
+    if backend == "cpu":
+        _check(not archs, path, where, "a cpu target has no archs")
+    elif backend == "cuda":
+        bad = [a for a in archs if not CUDA_ARCH.match(a)]
+        _check(bool(archs) and not bad, path, where, f"CUDA archs must look like 9.0 or 12.0+PTX, got {bad or 'none'}")
+    else:
+        bad = [a for a in archs if a not in ROCM_ARCHS]
+        _check(bool(archs) and not bad, path, where, f"unknown ROCm archs {bad or 'none'}; known: {ROCM_ARCHS}")
+    _check(table["hardware"] in HARDWARE, path, where, f"hardware must be one of {HARDWARE}")
+    _check(bool(VARIANT.match(table["variant"])), path, where,
+           f"variant {table['variant']!r} must be lowercase letters/digits separated by dots")
+    _check(bool(re.match(r"^\d+\.\d+$", table["torch_floor"])), path, where, "torch_floor must be MAJOR.MINOR")
+    vendor = table["vendor"]
+    _require(vendor, {"image", "digest"}, f"{where}.vendor", path)
+    _check(bool(DIGEST.match(vendor["digest"])), path, f"{where}.vendor", "digest must be sha256:<64 hex> or empty")
+    offline = table["offline"]
+    _require(offline, {"recipe"}, f"{where}.offline", path)
+    _check(offline["recipe"] in bootstraps, path, f"{where}.offline",
+           f"recipe {offline['recipe']!r} has no [bootstrap.{offline['recipe']}] table")
+    recipe = path.parent / "docker" / "builder" / f"{table['toolchain']}.Dockerfile"
+    _check(recipe.exists(), path, where, f"toolchain {table['toolchain']!r} has no recipe at {recipe}")
+    return Target(
+        name=name, backend=backend, archs=archs, toolkit=str(table["toolkit"]), torch_floor=table["torch_floor"],
+        variant=table["variant"], hardware=table["hardware"], size_budget_mib=float(table["size_budget_mib"]),
+        runners=tuple(table["runners"]), toolchain=table["toolchain"],
+        vendor=VendorImage(image=vendor["image"], digest=vendor["digest"]),
+        offline=OfflineRecipe(recipe=offline["recipe"]),
+    )
+
+
+def load(path: Path = Path("targets.toml")) -> Matrix:
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path} not found", hint="run from the repository root") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    _require(data, {"schema", "build", "target", "bootstrap"}, "top level", path)
+    _check(data["schema"] == 1, path, "top level", f"schema {data['schema']} is not supported (expected 1)")
+    _require(data["build"], {"torch"}, "build", path)
+    bootstraps = {}
+    for name, table in data["bootstrap"].items():
+        _require(table, _BOOTSTRAP_KEYS, f"bootstrap.{name}", path)
+        bootstraps[name] = Bootstrap(name=name, suite=table["suite"], packages=tuple(table["packages"]),
+                                     python=table["python"])
+    targets = {name: _target(name, table, path, bootstraps) for name, table in data["target"].items()}
+    variants = [t.variant for t in targets.values()]
+    _check(len(set(variants)) == len(variants), path, "target", f"variants must be unique, got {variants}")
+    return Matrix(path=path, build_torch=data["build"]["torch"], targets=targets, bootstraps=bootstraps)
+
+
+def json_schema() -> dict[str, Any]:
+    """A JSON schema of targets.toml for editors, generated from the dataclasses above."""
+    string_list = {"type": "array", "items": {"type": "string"}}
+    target_properties: dict[str, Any] = {
+        "backend": {"enum": list(BACKENDS)},
+        "archs": string_list,
+        "toolkit": {"type": "string"},
+        "torch_floor": {"type": "string", "pattern": r"^\d+\.\d+$"},
+        "variant": {"type": "string", "pattern": VARIANT.pattern},
+        "hardware": {"enum": list(HARDWARE)},
+        "size_budget_mib": {"type": "number"},
+        "runners": string_list,
+        "toolchain": {"type": "string"},
+        "vendor": {"type": "object", "additionalProperties": False, "required": ["image", "digest"],
+                   "properties": {"image": {"type": "string"}, "digest": {"type": "string", "pattern": DIGEST.pattern}}},
+        "offline": {"type": "object", "additionalProperties": False, "required": ["recipe"],
+                    "properties": {"recipe": {"type": "string"}}},
+    }
+    bootstrap_properties = {"suite": {"type": "string"}, "packages": string_list, "python": {"type": "string"}}
+    assert set(target_properties) == _TARGET_KEYS and set(bootstrap_properties) == _BOOTSTRAP_KEYS
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "polykernels targets.toml",
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["schema", "build", "target", "bootstrap"],
+        "properties": {
+            "schema": {"const": 1},
+            "build": {"type": "object", "additionalProperties": False, "required": ["torch"],
+                      "properties": {"torch": {"type": "string"}}},
+            "target": {"type": "object", "additionalProperties": {
+                "type": "object", "additionalProperties": False, "required": sorted(_TARGET_KEYS),
+                "properties": target_properties}},
+            "bootstrap": {"type": "object", "additionalProperties": {
+                "type": "object", "additionalProperties": False, "required": sorted(_BOOTSTRAP_KEYS),
+                "properties": bootstrap_properties}},
+        },
+    }

@@ -1,0 +1,142 @@
+"""One target's wheel: cibuildwheel inside the target's builder image, auditwheel repair that
+leaves torch's and the GPU runtime's libraries to the user's torch, and the build manifest."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from polykernels_build.errors import BuildError, ConfigError
+from polykernels_build.images import BuilderImage
+from polykernels_build.settings import Settings
+from polykernels_build.targets import Target
+from polykernels_build.tools import run
+
+# Provided by the user's torch (and its GPU runtime): never vendored into our wheel.
+EXCLUDED_LIBRARIES = ("libtorch.so", "libtorch_cpu.so", "libc10.so", "libcudart.so.*", "libamdhip64.so.*")
+CCACHE_VOLUME = "polykernels-ccache"
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuiltWheel:
+    target: str
+    path: Path
+    sha256: str
+    size: int
+    build_info: dict[str, Any]
+    seconds: float
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def export_source(settings: Settings, destination: Path) -> tuple[str | None, bool]:
+    """Copies the files git knows (tracked and untracked-not-ignored) into ``destination``.
+
+    Returns (commit sha, dirty). The build never sees build/ or other ignored files.
+    """
+    if destination.exists():
+        shutil.rmtree(destination)
+    destination.mkdir(parents=True)
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=settings.root, capture_output=True, text=True,
+                              check=True).stdout
+
+    try:
+        files = [f for f in git("ls-files", "-co", "--exclude-standard", "-z").split("\0") if f]
+        sha = git("rev-parse", "HEAD").strip() or None
+        dirty = bool(git("status", "--porcelain").strip())
+    except (subprocess.CalledProcessError, FileNotFoundError) as exc:
+        raise BuildError("the source tree must be a git checkout (the manifest records its commit)") from exc
+    for name in files:
+        source = settings.root / name
+        if source.is_file():
+            target = destination / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    return sha, dirty
+
+
+def build_info(target: Target, image: BuilderImage, git_sha: str | None, dirty: bool) -> dict[str, Any]:
+    return {
+        "target": target.name,
+        "variant": target.variant,
+        "backend": target.backend,
+        "archs": list(target.archs),
+        "toolkit": None if target.toolkit == "none" else target.toolkit,
+        "torch_floor": target.torch_floor,
+        "git_sha": git_sha,
+        "git_dirty": dirty,
+        "profile": image.profile,
+        "image": image.tag,
+        "image_digest": image.image_id,
+        "image_base": image.base,
+        "deviations": list(image.deviations),
+        "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def cibuildwheel_env(settings: Settings, target: Target, image: BuilderImage, info: dict[str, Any],
+                     ccache: bool) -> dict[str, str]:
+    manifest = json.dumps(info, separators=(",", ":"))
+    if "'" in manifest:
+        raise ConfigError("build manifest values must not contain single quotes")
+    variables = {"POLYKERNELS_BACKEND": target.backend, "POLYKERNELS_BUILD_INFO": f"'{manifest}'"}
+    if target.backend == "cuda":
+        variables["TORCH_CUDA_ARCH_LIST"] = f"'{';'.join(target.archs)}'"
+    elif target.backend == "rocm":
+        variables["PYTORCH_ROCM_ARCH"] = f"'{';'.join(target.archs)}'"
+    create_args = "--pull=never"
+    if ccache:
+        variables.update({"POLYKERNELS_COMPILER_LAUNCHER": "ccache", "CCACHE_DIR": "/ccache",
+                          "CCACHE_BASEDIR": "/project", "CCACHE_NOHASHDIR": "true"})
+        create_args += f" --volume {CCACHE_VOLUME}:/ccache"
+    excludes = " ".join(f"--exclude '{lib}'" for lib in EXCLUDED_LIBRARIES)
+    return {
+        **settings.tool_env,
+        "CIBW_PLATFORM": "linux",
+        "CIBW_ARCHS": "x86_64",
+        "CIBW_BUILD": image.build_identifier,
+        "CIBW_MANYLINUX_X86_64_IMAGE": image.tag,
+        "CIBW_CONTAINER_ENGINE": f"docker; create_args: {create_args}",
+        "CIBW_BUILD_FRONTEND": "build; args: --no-isolation --skip-dependency-check",
+        "CIBW_ENVIRONMENT": " ".join(f"{k}={v}" for k, v in variables.items()),
+        "CIBW_REPAIR_WHEEL_COMMAND_LINUX": f"auditwheel repair {excludes} -w {{dest_dir}} {{wheel}}",
+        "CIBW_BUILD_VERBOSITY": "1",
+    }
+
+
+def build_wheel(settings: Settings, target: Target, image: BuilderImage, log: Path, *,
+                ccache: bool = True) -> BuiltWheel:
+    start = time.perf_counter()
+    source = settings.build_dir / "src" / target.name
+    sha, dirty = export_source(settings, source)
+    info = build_info(target, image, sha, dirty)
+    out = settings.build_dir / "dist" / target.name
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    env = cibuildwheel_env(settings, target, image, info, ccache)
+    run([sys.executable, "-m", "cibuildwheel", "--output-dir", str(out), str(source)], log=log, env=env,
+        hint=f"the compiler output is in {log}; POLYKERNELS_KEEP_CONTAINER does not apply to cibuildwheel, "
+             "rerun with CIBW_DEBUG_KEEP_CONTAINER=1 to inspect its container")
+    wheels = sorted(out.glob("*.whl"))
+    if len(wheels) != 1:
+        raise BuildError(f"{target.name}: expected one wheel in {out}, found {[w.name for w in wheels]}", log=log)
+    wheel = wheels[0]
+    return BuiltWheel(target=target.name, path=wheel, sha256=sha256_of(wheel), size=wheel.stat().st_size,
+                      build_info=info, seconds=time.perf_counter() - start)
