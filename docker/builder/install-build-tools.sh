@@ -2,7 +2,7 @@
 # Final stage of every builder recipe: install the build tools fetched by the download stage.
 set -eu
 python="/opt/python/$1-$1/bin/python"
-"$python" -m pip install --no-index --no-cache-dir --disable-pip-version-check --find-links /tmp/tool-wheels \
+"$python" -m pip install --upgrade --no-index --no-cache-dir --disable-pip-version-check --find-links /tmp/tool-wheels \
   setuptools wheel build auditwheel
 rm -rf /tmp/tool-wheels
 ln -sf "$(dirname "$python")/auditwheel" /usr/local/bin/auditwheel

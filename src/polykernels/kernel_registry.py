@@ -149,12 +149,15 @@ def main(argv: list[str] | None = None) -> int:
     one.add_argument("name")
     one.add_argument("target", help=f"one of {', '.join(GPU_TARGETS)}")
     args = parser.parse_args(argv)
+    # Run as `python -m`, this file is __main__; families register into the imported module.
+    from polykernels import kernel_registry as registry
+
     if args.command == "list":
-        _load_all()
-        for spec in KERNELS.values():
+        registry._load_all()
+        for spec in registry.KERNELS.values():
             print(json.dumps({"kernel": spec.name, "backends": list(spec.backends)}))
         return 0
-    print(json.dumps(compile_here(args.name, args.target)), flush=True)
+    print(json.dumps(registry.compile_here(args.name, args.target)), flush=True)
     return 0
 
 

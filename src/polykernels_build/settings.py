@@ -24,7 +24,13 @@ class Settings:
     root: Path
     ca_bundle: Path | None = None
     keep_containers: bool = False
+    github_actions: bool = False
     tool_env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def default_profile(self) -> str:
+        """Vendor images where registries are reachable (GitHub's runners), offline elsewhere."""
+        return "vendor" if self.github_actions else "offline"
 
     @property
     def build_dir(self) -> Path:
@@ -37,5 +43,6 @@ class Settings:
             root=root,
             ca_bundle=Path(bundle) if bundle and Path(bundle).is_file() else None,
             keep_containers=env.get("POLYKERNELS_KEEP_CONTAINER") == "1",
+            github_actions=env.get("GITHUB_ACTIONS") == "true",
             tool_env={k: v for k, v in env.items() if k in _PASSED_TO_TOOLS},
         )

@@ -63,6 +63,7 @@ class Target:
     runners: tuple[str, ...]
     toolchain: str
     vendor: VendorImage
+    runtime: VendorImage
     offline: OfflineRecipe
 
 
@@ -121,6 +122,9 @@ def _target(name: str, table: Mapping[str, Any], path: Path, bootstraps: Mapping
     vendor = table["vendor"]
     _require(vendor, {"image", "digest"}, f"{where}.vendor", path)
     _check(bool(DIGEST.match(vendor["digest"])), path, f"{where}.vendor", "digest must be sha256:<64 hex> or empty")
+    runtime = table["runtime"]
+    _require(runtime, {"image", "digest"}, f"{where}.runtime", path)
+    _check(bool(DIGEST.match(runtime["digest"])), path, f"{where}.runtime", "digest must be sha256:<64 hex> or empty")
     offline = table["offline"]
     _require(offline, {"recipe"}, f"{where}.offline", path)
     _check(offline["recipe"] in bootstraps, path, f"{where}.offline",
@@ -132,6 +136,7 @@ def _target(name: str, table: Mapping[str, Any], path: Path, bootstraps: Mapping
         variant=table["variant"], hardware=table["hardware"], size_budget_mib=float(table["size_budget_mib"]),
         runners=tuple(table["runners"]), toolchain=table["toolchain"],
         vendor=VendorImage(image=vendor["image"], digest=vendor["digest"]),
+        runtime=VendorImage(image=runtime["image"], digest=runtime["digest"]),
         offline=OfflineRecipe(recipe=offline["recipe"]),
     )
 
@@ -160,6 +165,8 @@ def load(path: Path = Path("targets.toml")) -> Matrix:
 def json_schema() -> dict[str, Any]:
     """A JSON schema of targets.toml for editors, generated from the dataclasses above."""
     string_list = {"type": "array", "items": {"type": "string"}}
+    image = {"type": "object", "additionalProperties": False, "required": ["image", "digest"],
+             "properties": {"image": {"type": "string"}, "digest": {"type": "string", "pattern": DIGEST.pattern}}}
     target_properties: dict[str, Any] = {
         "backend": {"enum": list(BACKENDS)},
         "archs": string_list,
@@ -170,8 +177,8 @@ def json_schema() -> dict[str, Any]:
         "size_budget_mib": {"type": "number"},
         "runners": string_list,
         "toolchain": {"type": "string"},
-        "vendor": {"type": "object", "additionalProperties": False, "required": ["image", "digest"],
-                   "properties": {"image": {"type": "string"}, "digest": {"type": "string", "pattern": DIGEST.pattern}}},
+        "vendor": image,
+        "runtime": image,
         "offline": {"type": "object", "additionalProperties": False, "required": ["recipe"],
                     "properties": {"recipe": {"type": "string"}}},
     }

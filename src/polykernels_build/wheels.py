@@ -131,7 +131,8 @@ def build_wheel(settings: Settings, target: Target, image: BuilderImage, log: Pa
         shutil.rmtree(out)
     out.mkdir(parents=True)
     env = cibuildwheel_env(settings, target, image, info, ccache)
-    run([sys.executable, "-m", "cibuildwheel", "--output-dir", str(out), str(source)], log=log, env=env,
+    # Run from the exported tree: cibuildwheel copies its working directory into the container.
+    run([sys.executable, "-m", "cibuildwheel", "--output-dir", str(out), "."], log=log, env=env, cwd=source,
         hint=f"the compiler output is in {log}; POLYKERNELS_KEEP_CONTAINER does not apply to cibuildwheel, "
              "rerun with CIBW_DEBUG_KEEP_CONTAINER=1 to inspect its container")
     wheels = sorted(out.glob("*.whl"))

@@ -1,0 +1,188 @@
+"""Checks every built wheel must pass before it can be gated: manifest, size, device-code
+coverage, and undefined symbols limited to torch's stable C ABI and the GPU runtime."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from polykernels_build.errors import CheckError
+from polykernels_build.targets import Target
+from polykernels_build.tools import run
+
+SYSTEM_VERSIONS = ("@GLIBC_", "@GLIBCXX_", "@CXXABI_", "@GCC_")
+RUNTIME_PREFIXES = {"cuda": ("cuda", "__cuda"), "rocm": ("hip", "__hip"), "cpu": ()}
+STABLE_HEADER_DIRS = ("torch/csrc/stable/c", "torch/csrc/inductor/aoti_torch/c")
+STABLE_NAME = re.compile(r"\b((?:aoti_torch|torch)_[A-Za-z0-9_]+)\s*\(")
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    passed: bool
+    detail: str
+
+
+def wheel_members(wheel: Path) -> list[str]:
+    with zipfile.ZipFile(wheel) as archive:
+        return archive.namelist()
+
+
+def extract(wheel: Path, member_suffix: str, destination: Path) -> Path:
+    with zipfile.ZipFile(wheel) as archive:
+        names = [n for n in archive.namelist() if n.endswith(member_suffix) or Path(n).name.startswith(member_suffix)]
+        if not names:
+            raise CheckError(f"{wheel.name} has no {member_suffix}")
+        return Path(archive.extract(names[0], destination))
+
+
+def check_manifest(wheel: Path, target: Target) -> CheckResult:
+    with zipfile.ZipFile(wheel) as archive:
+        try:
+            info = json.loads(archive.read("polykernels/_build_info.json"))
+        except KeyError:
+            return CheckResult("manifest", False, "polykernels/_build_info.json is missing")
+        metadata_name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = archive.read(metadata_name).decode()
+    version = re.search(r"^Version: (\S+)$", metadata, re.M)
+    file_version = wheel.name.split("-")[1]
+    expected = {"target": target.name, "variant": target.variant, "backend": target.backend,
+                "archs": list(target.archs), "torch_floor": target.torch_floor}
+    wrong = {k: info.get(k) for k, v in expected.items() if info.get(k) != v}
+    problems = [f"manifest {k}={v!r}, target says {expected[k]!r}" for k, v in wrong.items()]
+    if not version or version.group(1) != file_version or not file_version.endswith(f"+{target.variant}"):
+        problems.append(f"version label: file {file_version}, METADATA {version and version.group(1)}, "
+                        f"expected +{target.variant} in both")
+    return CheckResult("manifest", not problems, "; ".join(problems) or f"{file_version}, {info['image_digest'][:19]}")
+
+
+def check_size(wheel: Path, target: Target) -> CheckResult:
+    size_mib = wheel.stat().st_size / 2**20
+    return CheckResult("size", size_mib <= target.size_budget_mib,
+                       f"{size_mib:.2f} MiB (budget {target.size_budget_mib} MiB)")
+
+
+def expected_device_code(target: Target) -> set[str]:
+    if target.backend == "rocm":
+        return set(target.archs)
+    expected = set()
+    for arch in target.archs:
+        number = arch.split("+")[0].replace(".", "")
+        expected.add(f"sm_{number}")
+        if arch.endswith("+PTX"):
+            expected.add(f"compute_{number}")
+    return expected
+
+
+def cuobjdump() -> str:
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    spec = importlib.util.find_spec("nvidia")
+    for root in spec.submodule_search_locations if spec and spec.submodule_search_locations else []:
+        for candidate in Path(root).glob("*/bin/cuobjdump"):
+            return str(candidate)
+    raise CheckError("cuobjdump not found", hint="pip install nvidia-cuda-cuobjdump (the factory dependency group)")
+
+
+def device_code(so: Path, target: Target, builder_image: str, log: Path) -> set[str]:
+    """The GPU code objects inside the extension: sm_XX cubins and compute_XX PTX, or gfx code objects."""
+    if target.backend == "cuda":
+        out = run([cuobjdump(), "--list-elf", "--list-ptx", str(so)], log=log)
+        found = {f"sm_{m}" for m in re.findall(r"ELF file\s+\d+:.*\.sm_(\w+)\.cubin", out)}
+        return found | {f"compute_{m}" for m in re.findall(r"PTX file\s+\d+:.*\.sm_(\w+)\.ptx", out)}
+    if target.backend == "rocm":
+        # llvm-objdump of the builder's own LLVM reads its code objects (run where it is installed).
+        out = run(["docker", "run", "--rm", "--pull=never", "-v", f"{so.parent}:/w:ro", builder_image,
+                   "sh", "-c", f"llvm-objdump-21 --offloading /w/{so.name} || llvm-objdump --offloading /w/{so.name}"],
+                  log=log)
+        return set(re.findall(r"hipv4-amdgcn-amd-amdhsa--(gfx\w+)", out))
+    return set()
+
+
+def check_coverage(so: Path, target: Target, builder_image: str, log: Path) -> CheckResult:
+    expected, found = expected_device_code(target), device_code(so, target, builder_image, log)
+    if found == expected:
+        return CheckResult("coverage", True, ", ".join(sorted(found)) or "no device code (cpu)")
+    return CheckResult("coverage", False, f"device code {sorted(found)} but the target asks for {sorted(expected)}")
+
+
+def stable_surface(torch_sdk: Path) -> set[str]:
+    """Every C function named by torch's stable-ABI headers."""
+    names: set[str] = set()
+    for directory in STABLE_HEADER_DIRS:
+        for header in (torch_sdk / "include" / directory).glob("*.h"):
+            names.update(STABLE_NAME.findall(header.read_text(errors="replace")))
+    return names
+
+
+def exported(libraries: list[Path], log: Path) -> set[str]:
+    names: set[str] = set()
+    for library in libraries:
+        out = run(["nm", "-D", "--defined-only", str(library)], log=log)
+        names.update(line.split()[-1].split("@")[0] for line in out.splitlines() if line.strip())
+    return names
+
+
+def check_symbols(so: Path, target: Target, torch_sdk: Path, log: Path) -> CheckResult:
+    """Every undefined symbol is a versioned system symbol, a GPU-runtime symbol, or part of torch's
+    stable C ABI; anything else (a mangled c10/at symbol) is an `undefined symbol` waiting for a user."""
+    out = run(["nm", "-D", "--undefined-only", str(so)], log=log)
+    surface = stable_surface(torch_sdk)
+    cpu_exports = exported(sorted((torch_sdk / "lib").glob("lib*.so")), log)
+    unstable, stable, unchecked = [], 0, []
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) < 2 or parts[0] in ("w", "v"):
+            continue
+        symbol = parts[-1]
+        if symbol.endswith(SYSTEM_VERSIONS) or any(v in symbol for v in SYSTEM_VERSIONS):
+            continue
+        if symbol.startswith(RUNTIME_PREFIXES[target.backend]):
+            continue
+        if symbol in surface:
+            stable += 1
+            if symbol not in cpu_exports:
+                unchecked.append(symbol)  # GPU-only shim: declared stable, lives in torch's GPU library
+            continue
+        unstable.append(symbol)
+    if unstable:
+        return CheckResult("symbols", False, f"{len(unstable)} symbols outside the stable ABI: {unstable[:5]}")
+    note = f"; declared stable but only in GPU torch builds: {unchecked}" if unchecked else ""
+    return CheckResult("symbols", True, f"{stable} stable-ABI symbols, all declared in torch's C shim{note}")
+
+
+def torch_sdk_from(wheelhouse: Path, destination: Path) -> Path:
+    """Unpacks headers and libraries of the build torch (the same SDK the builder images use)."""
+    marker = destination / "torch" / "include"
+    if not marker.exists():
+        wheel = next(iter(sorted(wheelhouse.glob("torch-*.whl"))), None)
+        if wheel is None:
+            raise CheckError(f"no torch wheel in {wheelhouse}", hint="run `nox -s images` first")
+        with zipfile.ZipFile(wheel) as archive:
+            for name in archive.namelist():
+                if name.startswith(("torch/include/", "torch/lib/libtorch.so", "torch/lib/libtorch_cpu.so",
+                                    "torch/lib/libc10.so")):
+                    archive.extract(name, destination)
+    return destination / "torch"
+
+
+def run_checks(wheel: Path, target: Target, builder_image: str, wheelhouse: Path, work: Path,
+               log: Path) -> list[CheckResult]:
+    work.mkdir(parents=True, exist_ok=True)
+    so = extract(wheel, "_C.abi3.so", work / "unpacked")
+    sdk = torch_sdk_from(wheelhouse, work / "torch-sdk")
+    return [
+        check_manifest(wheel, target),
+        check_size(wheel, target),
+        check_coverage(so, target, builder_image, log),
+        check_symbols(so, target, sdk, log),
+    ]
+
+
