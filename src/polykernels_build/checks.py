@@ -20,6 +20,8 @@ SYSTEM_VERSIONS = ("@GLIBC_", "@GLIBCXX_", "@CXXABI_", "@GCC_")
 RUNTIME_PREFIXES = {"cuda": ("cuda", "__cuda"), "rocm": ("hip", "__hip"), "cpu": ()}
 STABLE_HEADER_DIRS = ("torch/csrc/stable/c", "torch/csrc/inductor/aoti_torch/c")
 STABLE_NAME = re.compile(r"\b((?:aoti_torch|torch)_[A-Za-z0-9_]+)\s*\(")
+# std:: entities (mangled _ZSt..., _ZNSt..., _ZNKSt...): the C++ runtime's, not torch's ABI.
+STD_LIBRARY = re.compile(r"^_Z(N[KRVO]*)?St")
 
 
 @dataclass(frozen=True)
@@ -142,7 +144,7 @@ def check_symbols(so: Path, target: Target, torch_sdk: Path, log: Path) -> Check
         if len(parts) < 2 or parts[0] in ("w", "v"):
             continue
         symbol = parts[-1]
-        if symbol.endswith(SYSTEM_VERSIONS) or any(v in symbol for v in SYSTEM_VERSIONS):
+        if any(v in symbol for v in SYSTEM_VERSIONS) or STD_LIBRARY.match(symbol):
             continue
         if symbol.startswith(RUNTIME_PREFIXES[target.backend]):
             continue

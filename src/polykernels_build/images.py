@@ -20,8 +20,8 @@ from polykernels_build.tools import run
 VENDOR_PYTHON = "cp311"
 DEVIATIONS = {
     "rocm": "HIP runtime from Debian (libamdhip64.so.6, HIP 6.4), not ROCm 7: runs on ROCm 6 runtimes",
-    "cuda": "glibc and libstdc++ of Debian bookworm instead of manylinux_2_28's: the wheel tag says which",
-    "cpu": "glibc and libstdc++ of Debian bookworm instead of manylinux_2_28's: the wheel tag says which",
+    "cuda": "glibc and libstdc++ of Debian bookworm instead of the manylinux_2_28 ones: the wheel tag says which",
+    "cpu": "glibc and libstdc++ of Debian bookworm instead of the manylinux_2_28 ones: the wheel tag says which",
 }
 
 
