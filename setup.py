@@ -179,7 +179,10 @@ def nvcc_library_dirs(nvcc: str) -> list[str]:
                              capture_output=True, text=True, check=False)
     text = out.stdout + out.stderr
     dirs = re.findall(r'"-L([^"]+)"', next((line for line in text.splitlines() if "LIBRARIES=" in line), ""))
-    return [d for d in dirs if not d.rstrip("/").endswith("stubs")]
+    # pip's CUDA wheels keep libcudart in <root>/lib where nvcc's default says lib64.
+    root = Path(nvcc).resolve().parent.parent
+    dirs += [str(root / "lib"), str(root / "lib64")]
+    return [d for d in dict.fromkeys(dirs) if Path(d).is_dir() and not d.rstrip("/").endswith("stubs")]
 
 
 def _run(argv: list[str]) -> None:
@@ -224,10 +227,12 @@ class BuildStableExtension(build_ext):
                 cxx = os.environ.get("CXX", "c++")
                 _run([*launcher, cxx, "-c", src, "-o", str(obj), *common, "-fPIC", "-Wall", *includes])
             elif build.backend == "cuda":
-                _run([*launcher, build.compiler, "-c", src, "-o", str(obj), *common, "-DUSE_CUDA", "-Xcompiler", "-fPIC",
+                _run([*launcher, build.compiler, "-c", src, "-o", str(obj), *common, "-DUSE_CUDA",
+                      "-Xcompiler", "-fPIC",
                       "--prec-div=true", "--ftz=false", *nvcc_arch_flags(build.archs), *includes])
             else:
-                _run([*launcher, build.compiler, "-c", "-x", "hip", src, "-o", str(obj), *common, "-fPIC", "-DUSE_ROCM=1",
+                _run([*launcher, build.compiler, "-c", "-x", "hip", src, "-o", str(obj), *common, "-fPIC",
+                      "-DUSE_ROCM=1",
                       "-D__HIP_PLATFORM_AMD__=1", "-fhip-fp32-correctly-rounded-divide-sqrt",
                       "-fno-gpu-rdc", *[f"--offload-arch={a}" for a in build.archs], *includes])
             objects.append(str(obj))

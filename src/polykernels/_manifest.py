@@ -68,7 +68,7 @@ def install_command(info: BuildInfo, platform: Platform) -> str:
 
 def _version_tuple(version: str) -> tuple[int, ...]:
     parts = []
-    for piece in version.split("+")[0].split("."):
+    for piece in version.split("+", maxsplit=1)[0].split("."):
         digits = "".join(ch for ch in piece if ch.isdigit())
         if not digits:
             break

@@ -31,7 +31,7 @@ class KernelSpec:
     backends: tuple[str, ...] = ("cuda", "hip")  # where the guards let it run
 
     def allowed_on(self, target: str) -> bool:
-        return target.split(":")[0] in self.backends
+        return target.split(":", maxsplit=1)[0] in self.backends
 
 
 _NORM_SIGNATURE = {
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     one.add_argument("target", help=f"one of {', '.join(GPU_TARGETS)}")
     args = parser.parse_args(argv)
     # Run as `python -m`, this file is __main__; families register into the imported module.
-    from polykernels import kernel_registry as registry
+    registry = importlib.import_module("polykernels.kernel_registry")
 
     if args.command == "list":
         registry._load_all()

@@ -29,7 +29,8 @@ def build_and_check(settings: Settings, matrix: Matrix, target: Target, profile:
         row.detail = f"{built.path.name} {built.size / 2**20:.2f} MiB sha256 {built.sha256[:12]}"
     with reporter.step(target.name, "checks") as row:
         results = checks.run_checks(built.path, target, image.tag, settings.build_dir / "wheelhouse",
-                                    settings.build_dir / "work" / target.name, log_path(settings, target.name, "checks"))
+                                    settings.build_dir / "work" / target.name,
+                                    log_path(settings, target.name, "checks"))
         record = built.path.with_suffix(".checks.json")
         record.write_text(json.dumps([asdict(r) for r in results], indent=2))
         failed = [r for r in results if not r.passed]

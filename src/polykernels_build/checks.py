@@ -7,7 +7,6 @@ import importlib.util
 import json
 import re
 import shutil
-import subprocess
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path

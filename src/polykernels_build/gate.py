@@ -8,16 +8,16 @@ import shutil
 import socket
 import tempfile
 import time
-import tomllib
 import zipfile
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from polykernels_build import engine
+import tomllib
+
+from polykernels_build import engine, images
 from polykernels_build.errors import ConfigError, GateError
-from polykernels_build.images import _context, debian_base
 from polykernels_build.settings import Settings
 from polykernels_build.targets import Matrix, Target
 from polykernels_build.tools import run
@@ -75,7 +75,7 @@ def hardware_class(platform: dict[str, Any]) -> str:
 
 
 def hardware_matches(target: Target, seen: str) -> bool:
-    return target.hardware == "any" or target.hardware == seen
+    return target.hardware in ("any", seen)
 
 
 def judge(suites: dict[str, Any]) -> tuple[bool, str]:
@@ -95,18 +95,11 @@ def _runtime_image(settings: Settings, matrix: Matrix, target: Target, profile: 
     if profile == "vendor":
         return engine.require_image(target.runtime.reference,
                                     f"pull {target.runtime.reference} (or use --profile offline)")
-    bootstrap = matrix.bootstrap_for(target)
     if target.backend != "cpu":
         raise GateError(f"{target.name}: the offline profile has no GPU runtime image (no GPU torch can be "
                         "installed offline)", hint="gate on a GPU host with --runtime venv, then --import-report")
-    import hashlib
-
-    digest = hashlib.sha256(" ".join(sorted(bootstrap.packages)).encode()).hexdigest()[:10]
-    base = debian_base(settings, bootstrap.suite, bootstrap.packages, f"polykernels-base:{bootstrap.suite}-{digest}",
-                       log)
-    from polykernels_build.images import wheelhouse
-
-    context = _context(settings, wheelhouse(settings, matrix, log))
+    base = images.debian_base_for(settings, matrix.bootstrap_for(target), log)
+    context = images.build_context(settings, matrix, log)
     packages = " ".join([matrix.build_torch, *suites_requirements(settings)])
     return engine.build(context / "runtime" / "Dockerfile", context, f"polykernels-runtime:{target.name}-offline",
                         build_args={"BASE_IMAGE": base, "PACKAGES": packages}, log=log, tool_env=settings.tool_env)

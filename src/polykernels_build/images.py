@@ -13,7 +13,7 @@ from pathlib import Path
 from polykernels_build import engine
 from polykernels_build.errors import ConfigError, ImageError
 from polykernels_build.settings import Settings
-from polykernels_build.targets import Matrix, Target
+from polykernels_build.targets import Bootstrap, Matrix, Target
 from polykernels_build.tools import run
 
 # manylinux images carry every CPython; this is the one the vendor profile builds with.
@@ -102,6 +102,18 @@ def debian_base(settings: Settings, suite: str, packages: tuple[str, ...], tag: 
     return engine.require_image(tag, "docker import left no image")
 
 
+def debian_base_for(settings: Settings, bootstrap: Bootstrap, log: Path) -> str:
+    """The recipe's Debian base; recipes with the same suite and packages share one."""
+    digest = hashlib.sha256(" ".join(sorted(bootstrap.packages)).encode()).hexdigest()[:10]
+    return debian_base(settings, bootstrap.suite, bootstrap.packages, f"polykernels-base:{bootstrap.suite}-{digest}",
+                       log)
+
+
+def build_context(settings: Settings, matrix: Matrix, log: Path) -> Path:
+    """A fresh build context with the wheelhouse in it."""
+    return _context(settings, wheelhouse(settings, matrix, log))
+
+
 def builder_image(settings: Settings, matrix: Matrix, target: Target, profile: str, log: Path, *,
                   allow_unpinned: bool = False) -> BuilderImage:
     if profile not in ("vendor", "offline"):
@@ -119,10 +131,7 @@ def builder_image(settings: Settings, matrix: Matrix, target: Target, profile: s
         base, python, deviations = target.vendor.reference, VENDOR_PYTHON, ()
     else:
         bootstrap = matrix.bootstrap_for(target)
-        # Recipes with the same suite and packages share one Debian base.
-        digest = hashlib.sha256(" ".join(sorted(bootstrap.packages)).encode()).hexdigest()[:10]
-        debian = debian_base(settings, bootstrap.suite, bootstrap.packages,
-                             f"polykernels-base:{bootstrap.suite}-{digest}", log)
+        debian = debian_base_for(settings, bootstrap, log)
         base = f"polykernels-toolchain:{bootstrap.name}"
         engine.build(context / "bootstrap" / f"{bootstrap.name}.Dockerfile", context, base,
                      build_args={"BASE_IMAGE": debian, "PYTHON_TAG": bootstrap.python,

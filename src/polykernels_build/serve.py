@@ -19,7 +19,7 @@ class IndexHandler(http.server.SimpleHTTPRequestHandler):
     def guess_type(self, path: str | Path) -> str:
         return JSON_TYPE if str(path).endswith("index.json") else super().guess_type(path)
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: object) -> None:
         print(f"{self.address_string()} {format % args}", flush=True)
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+import tomllib
 
 from polykernels_build.errors import ConfigError
 

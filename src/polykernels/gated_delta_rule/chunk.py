@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from polykernels.gated_delta_rule import guards
@@ -20,7 +22,7 @@ def chunk_table(seq_bounds: list[int]) -> tuple[list[int], list[int]]:
     """Per chunk (start token, valid length), flattened; and each sequence's first chunk index."""
     chunks: list[int] = []
     starts: list[int] = []
-    for start, end in zip(seq_bounds[:-1], seq_bounds[1:], strict=True):
+    for start, end in itertools.pairwise(seq_bounds):
         starts.append(len(chunks) // 2)
         for chunk_start in range(start, end, CHUNK):
             chunks += [chunk_start, min(CHUNK, end - chunk_start)]
@@ -43,10 +45,8 @@ def launch_chunk_gated_delta_rule(
 
     batch, tokens, heads, key_dim = q.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
-    if cu_seqlens is None:
-        bounds = [b * tokens for b in range(batch + 1)]
-    else:
-        bounds = [int(x) for x in cu_seqlens.tolist()]
+    # B sequences of T tokens are packed sequences of equal length.
+    bounds = [b * tokens for b in range(batch + 1)] if cu_seqlens is None else [int(x) for x in cu_seqlens.tolist()]
     num_seqs = len(bounds) - 1
     chunks, chunk_starts = chunk_table(bounds)
     num_chunks = len(chunks) // 2
@@ -117,7 +117,7 @@ def _chunk_gated_delta_rule_op(
 
 
 @_chunk_gated_delta_rule_op.register_fake
-def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm_in_kernel):  # noqa: ANN001, ANN202
+def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm_in_kernel):  # noqa: ANN001
     num_seqs = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
     o = v.new_empty(v.shape)
     if not output_final_state:
@@ -126,14 +126,12 @@ def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, us
 
 
 def _check(
-    q: object, k: object, v: object, g: object, beta: object,
-    initial_state: object, cu_seqlens: object,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+    initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
 ) -> None:
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    assert isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
-    assert isinstance(g, torch.Tensor) and isinstance(beta, torch.Tensor)
     if q.dim() != 4 or k.shape != q.shape:
         raise ValueError(f"q and k must both be [B, T, H, K]; got q {tuple(q.shape)} and k {tuple(k.shape)}")
     batch, tokens, heads, key_dim = q.shape
@@ -141,7 +139,9 @@ def _check(
         raise ValueError(f"v must be [B, T, HV, V] = [{batch}, {tokens}, HV, V], got {tuple(v.shape)}")
     value_heads, value_dim = v.shape[2], v.shape[3]
     if heads == 0 or value_heads % heads:
-        raise ValueError(f"the value heads of v (HV={value_heads}) must be a multiple of the heads of q/k (H={heads})")
+        raise ValueError(
+            f"the value heads of v (HV={value_heads}) must be a multiple of the heads of q/k (H={heads})"
+        )
     if not 0 < key_dim <= MAX_HEAD_DIM or not 0 < value_dim <= MAX_HEAD_DIM:
         raise ValueError(f"K ({key_dim}) and V ({value_dim}) must be between 1 and {MAX_HEAD_DIM}")
     for name, t in (("g", g), ("beta", beta)):
@@ -173,7 +173,8 @@ def _check(
     if initial_state is not None:
         expected = (num_seqs, value_heads, key_dim, value_dim)
         if not isinstance(initial_state, torch.Tensor) or tuple(initial_state.shape) != expected:
-            got = tuple(initial_state.shape) if isinstance(initial_state, torch.Tensor) else type(initial_state).__name__
+            got = (tuple(initial_state.shape) if isinstance(initial_state, torch.Tensor)
+                   else type(initial_state).__name__)
             raise ValueError(f"initial_state must be [N, HV, K, V] = {list(expected)}, got {got}")
         if initial_state.device != q.device:
             raise ValueError(f"initial_state is on {initial_state.device} but q is on {q.device}")

@@ -8,6 +8,7 @@ latency (compilation) and the steady step time. Nothing is downloaded.
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any
 
@@ -68,7 +69,7 @@ def denoise(model: Any, inputs: dict, device: torch.device) -> tuple[torch.Tenso
     latents = inputs["hidden_states"]
     times = torch.linspace(1.0, 0.0, STEPS + 1)
     step_seconds = []
-    for t, t_next in zip(times[:-1], times[1:], strict=True):
+    for t, t_next in itertools.pairwise(times):
         _sync(device)
         start = time.perf_counter()
         timestep = torch.full((latents.shape[0],), float(t), device=device, dtype=latents.dtype)

@@ -120,7 +120,7 @@ def test_torch_compile_traces_the_op() -> None:
 
 
 def _inputs(**changes):
-    base = dict(zip("q k v g beta".split(), make_inputs(1, 8, 2, 4, 16, 16, torch.float32), strict=True))
+    base = dict(zip(["q", "k", "v", "g", "beta"], make_inputs(1, 8, 2, 4, 16, 16, torch.float32), strict=True))
     base.update(changes)
     return base
 

@@ -85,7 +85,8 @@ def test_public_ops_on_cpu_run_the_reference() -> None:
     ],
     ids=lambda v: getattr(v, "arch", str(v)),
 )
-def test_guard_choice_per_platform(seen: platform.Platform, dtype: torch.dtype, contiguous: bool, expected: str) -> None:
+def test_guard_choice_per_platform(seen: platform.Platform, dtype: torch.dtype, contiguous: bool,
+                                   expected: str) -> None:
     with platform.use(seen):
         choice = choose("cuda", dtype, contiguous)
         assert choice.path == expected, choice.reason
