@@ -100,9 +100,11 @@ def device_code(so: Path, target: Target, builder_image: str, log: Path) -> set[
         return found | {f"compute_{m}" for m in re.findall(r"PTX file\s+\d+:.*\.sm_(\w+)\.ptx", out)}
     if target.backend == "rocm":
         # llvm-objdump of the builder's own LLVM reads its code objects (run where it is installed).
-        out = run(["docker", "run", "--rm", "--pull=never", "-v", f"{so.parent}:/w:ro", builder_image,
-                   "sh", "-c", f"llvm-objdump-21 --offloading /w/{so.name} || llvm-objdump --offloading /w/{so.name}"],
-                  log=log)
+        # It extracts each bundle next to its input: work on a copy in a writable directory.
+        script = (f"mkdir -p /tmp/bundles && cd /tmp/bundles && cp /w/{so.name} . && "
+                  f"llvm-objdump-21 --offloading {so.name}")
+        out = run(["docker", "run", "--rm", "--pull=never", "-v", f"{so.parent}:/w:ro", builder_image, "sh", "-c",
+                   script], log=log)
         return set(re.findall(r"hipv4-amdgcn-amd-amdhsa--(gfx\w+)", out))
     return set()
 

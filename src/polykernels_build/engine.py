@@ -24,12 +24,12 @@ class Engine:
     version: tuple[int, ...]
 
 
-def require_engine() -> Engine:
-    binary = shutil.which("docker")
+def require_engine(tool_env: Mapping[str, str]) -> Engine:
+    binary = shutil.which("docker", path=tool_env.get("PATH", ""))
     if binary is None:
         raise EngineError("no Docker engine: the `docker` command is not installed", hint=INSTALL_HINT)
     proc = subprocess.run([binary, "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True,
-                          check=False, timeout=60)
+                          check=False, timeout=60, env=dict(tool_env))
     if proc.returncode != 0 or not proc.stdout.strip():
         raise EngineError("the Docker engine is not running (`docker version` got no server answer)",
                           hint="start it (e.g. `dockerd &` or `systemctl start docker`), then retry")

@@ -143,6 +143,7 @@ def gate(settings: Settings, matrix: Matrix, wheel: Path, *, runtime: str, profi
     out.mkdir(parents=True)
     start = time.perf_counter()
     if runtime == "container":
+        engine.require_engine(settings.tool_env)
         image = _runtime_image(settings, matrix, target, profile, log)
         try:
             _run_in_container(settings, image, wheel, out, log)

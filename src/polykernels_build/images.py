@@ -118,7 +118,7 @@ def builder_image(settings: Settings, matrix: Matrix, target: Target, profile: s
                   allow_unpinned: bool = False) -> BuilderImage:
     if profile not in ("vendor", "offline"):
         raise ConfigError(f"unknown profile {profile!r}", hint="use --profile vendor or --profile offline")
-    engine.require_engine()
+    engine.require_engine(settings.tool_env)
     house = wheelhouse(settings, matrix, log)
     context = _context(settings, house)
     if profile == "vendor":

@@ -86,7 +86,8 @@ def launch_chunk_gated_delta_rule(
         L2NORM=use_qk_l2norm_in_kernel, HAS_INITIAL=initial_state is not None, STORE_FINAL=output_final_state,
         DOT_PRECISION=precision, num_warps=4,
     )
-    output_bv = min(block_v, 64)
+    # One V tile per program when V <= 128: the q.k^T scores are then computed once per chunk.
+    output_bv = min(block_v, 128)
     gdn_output_kernel[(num_chunks, -(-value_dim // output_bv), value_heads)](
         q, k, gate_cumsum, states, v_new, o, chunk_tensor, scale, **shape, BV=output_bv,
         L2NORM=use_qk_l2norm_in_kernel, DOT_PRECISION=precision, num_warps=4,

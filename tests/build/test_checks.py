@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from polykernels_build import checks, targets
+
+ROOT = Path(__file__).resolve().parents[2]
+MATRIX = targets.load(ROOT / "targets.toml")
+
+
+def test_expected_device_code_per_target() -> None:
+    assert checks.expected_device_code(MATRIX.target("cuda13")) == {
+        "sm_80", "sm_90", "sm_100", "sm_120", "compute_120"}
+    assert checks.expected_device_code(MATRIX.target("rocm-gfx950")) == {"gfx950"}
+    assert checks.expected_device_code(MATRIX.target("cpu")) == set()
+
+
+@pytest.fixture(scope="module")
+def torch_sdk() -> Path:
+    import torch
+
+    return Path(torch.__file__).parent
+
+
+def build_so(tmp_path: Path, body: str) -> Path:
+    if shutil.which("cc") is None:
+        pytest.fail("these tests compile a tiny shared library: a C compiler is needed")
+    source = tmp_path / "probe.c"
+    source.write_text(body)
+    so = tmp_path / "probe.so"
+    subprocess.run(["cc", "-shared", "-fPIC", str(source), "-o", str(so)], check=True)
+    return so
+
+
+def test_symbols_stable_abi_passes(tmp_path: Path, torch_sdk: Path) -> None:
+    so = build_so(tmp_path, "extern int aoti_torch_dtype_float32(void);\nint f(void){return aoti_torch_dtype_float32();}")
+    result = checks.check_symbols(so, MATRIX.target("cpu"), torch_sdk, tmp_path / "log")
+    assert result.passed, result.detail
+
+
+def test_symbols_unstable_cpp_abi_fails(tmp_path: Path, torch_sdk: Path) -> None:
+    # A mangled c10 symbol: exactly what becomes `undefined symbol` under another torch.
+    so = build_so(tmp_path, "extern int _ZN3c1019UndefinedTensorImpl10_singletonE;\n"
+                            "int f(void){return _ZN3c1019UndefinedTensorImpl10_singletonE;}")
+    result = checks.check_symbols(so, MATRIX.target("cpu"), torch_sdk, tmp_path / "log")
+    assert not result.passed and "_ZN3c1019UndefinedTensorImpl10_singletonE" in result.detail
+
+
+def test_symbols_gpu_runtime_allowed_only_for_its_backend(tmp_path: Path, torch_sdk: Path) -> None:
+    so = build_so(tmp_path, "extern int hipGetLastError(void);\nint f(void){return hipGetLastError();}")
+    assert checks.check_symbols(so, MATRIX.target("rocm-gfx942"), torch_sdk, tmp_path / "log").passed
+    assert not checks.check_symbols(so, MATRIX.target("cuda13"), torch_sdk, tmp_path / "log").passed
+
+
+def test_size_budget(tmp_path: Path) -> None:
+    wheel = tmp_path / "big.whl"
+    wheel.write_bytes(b"0" * (3 * 2**20))
+    assert not checks.check_size(wheel, MATRIX.target("cpu")).passed
+    assert checks.check_size(wheel, MATRIX.target("cuda13")).passed
+
+
+def test_manifest_check_catches_a_mislabelled_wheel(tmp_path: Path) -> None:
+    from tests.build.helpers import make_wheel
+
+    good = make_wheel(tmp_path / "a", target="cpu", variant="cpu")
+    assert checks.check_manifest(good, MATRIX.target("cpu")).passed
+    wrong = make_wheel(tmp_path / "b", target="cuda13", variant="cu130")
+    result = checks.check_manifest(wrong, MATRIX.target("cpu"))
+    assert not result.passed and "target" in result.detail and "version label" in result.detail

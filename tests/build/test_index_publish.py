@@ -1,0 +1,145 @@
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from polykernels_build import gate, index, publish, serve, targets
+from polykernels_build.errors import GateError, PublishError
+from polykernels_build.settings import Settings
+from tests.build.helpers import make_wheel, suites_report
+
+ROOT = Path(__file__).resolve().parents[2]
+MATRIX = targets.load(ROOT / "targets.toml")
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(root=tmp_path)
+
+
+def gated_wheel(settings: Settings, target: str = "cpu", variant: str = "cpu", passed: bool = True,
+                backend: str = "cpu", arch: str | None = None, payload: bytes = b"x") -> Path:
+    wheel = make_wheel(settings.build_dir / "dist" / target, target=target, variant=variant, payload=payload)
+    suites = suites_report(passed, backend, arch)
+    ok, reason = gate.judge(suites)
+    gate.store(settings, gate.GateReport(
+        wheel_sha256=gate.sha256_of(wheel), wheel_name=wheel.name, target=target, variant=variant,
+        hardware_class=gate.hardware_class(suites["platform"]), runtime="venv", host="test", passed=ok,
+        reason=reason, seconds=1.0, created_at="2026-11-29T00:00:00+00:00", suites=suites))
+    return wheel
+
+
+def run_publish(settings: Settings, **kwargs: object) -> list[publish.Decision]:
+    options = {"index_root": None, "repository_url": None, "waivers": {}, "partial": False,
+               "log": settings.build_dir / "log"}
+    options.update(kwargs)
+    return publish.publish(settings, MATRIX, **options)  # type: ignore[arg-type]
+
+
+def test_publish_writes_pep503_and_pep691(settings: Settings) -> None:
+    wheel = gated_wheel(settings)
+    run_publish(settings)
+    project = settings.build_dir / "index" / "cpu" / "simple" / "polykernels"
+    page = (project / "index.html").read_text()
+    sha = gate.sha256_of(wheel)
+    assert f'href="{wheel.name}#sha256={sha}"' in page and 'data-requires-python="&gt;=3.10"' in page
+    data = json.loads((project / "index.json").read_text())
+    assert data["meta"]["api-version"] == "1.1" and data["files"][0]["hashes"]["sha256"] == sha
+    assert (settings.build_dir / "index" / "cpu").is_symlink()
+
+
+def test_tampered_wheel_is_refused(settings: Settings) -> None:
+    wheel = gated_wheel(settings)
+    data = bytearray(wheel.read_bytes())
+    data[-30] ^= 1  # one byte changed after the gate ran
+    wheel.write_bytes(bytes(data))
+    with pytest.raises(PublishError, match="no gate report for these bytes"):
+        run_publish(settings)
+
+
+def test_failing_suite_blocks_and_partial_publishes_the_rest(settings: Settings) -> None:
+    gated_wheel(settings)
+    gated_wheel(settings, target="cuda13", variant="cu130", passed=False, backend="cuda", arch="sm_90")
+    with pytest.raises(PublishError, match=r"cuda13: int4_parity: failed"):
+        run_publish(settings)
+    assert not (settings.build_dir / "index").exists() or not (settings.build_dir / "index" / "cpu").exists()
+    decisions = run_publish(settings, partial=True)
+    assert {d.target: d.publish for d in decisions} == {"cpu": True, "cuda13": False}
+
+
+def test_wrong_hardware_class_is_not_a_pass(settings: Settings) -> None:
+    gated_wheel(settings, target="cuda13", variant="cu130", backend="cpu")  # the suites passed, but on a CPU
+    with pytest.raises(PublishError, match="report ran on cpu"):
+        run_publish(settings)
+
+
+def test_waiver_is_recorded_in_index_and_notes(settings: Settings) -> None:
+    make_wheel(settings.build_dir / "dist" / "rocm-gfx950", target="rocm-gfx950", variant="rocm7.gfx950")
+    run_publish(settings, waivers={"rocm-gfx950": "no MI355X runner this week"})
+    live = settings.build_dir / "index" / "rocm7.gfx950"
+    release = json.loads((live / "release.json").read_text())
+    assert release["releases"][-1]["files"][0]["waived"] is True
+    assert "no MI355X runner this week" in (live / "RELEASE_NOTES.md").read_text()
+
+
+def test_same_bytes_twice_is_a_noop_different_bytes_an_error(settings: Settings) -> None:
+    gated_wheel(settings)
+    run_publish(settings)
+    run_publish(settings)  # same bytes again: fine
+    shutil.rmtree(settings.build_dir / "dist")
+    gated_wheel(settings, payload=b"other bytes, same version")
+    with pytest.raises(PublishError, match="already published with different bytes"):
+        run_publish(settings)
+
+
+def test_interrupted_publish_leaves_previous_index(settings: Settings, tmp_path: Path) -> None:
+    first = gated_wheel(settings)
+    run_publish(settings)
+    live = settings.build_dir / "index" / "cpu" / "simple" / "polykernels" / "index.html"
+    before = live.read_text()
+    second = make_wheel(tmp_path / "next", version="0.1.1")
+    with pytest.raises(PublishError, match="interrupted"):
+        index.publish_variant(settings.build_dir / "index", "cpu", [second], {}, "", fail_before_swap=True)
+    assert live.read_text() == before and first.name in before
+
+
+def test_import_report_checks_the_wheel_bytes(settings: Settings, tmp_path: Path) -> None:
+    wheel = gated_wheel(settings)
+    report_path = settings.build_dir / "reports" / f"{gate.sha256_of(wheel)}.json"
+    outside = tmp_path / "from-gpu-runner.json"
+    shutil.copy(report_path, outside)
+    assert gate.import_report(settings, MATRIX, outside).passed
+    data = json.loads(outside.read_text())
+    data["wheel_sha256"] = "0" * 64
+    outside.write_text(json.dumps(data))
+    with pytest.raises(GateError, match="not under"):
+        gate.import_report(settings, MATRIX, outside)
+    data = json.loads(report_path.read_text())
+    data["passed"] = not data["passed"]  # a verdict that does not follow from its own results
+    outside.write_text(json.dumps(data))
+    with pytest.raises(GateError, match="does not follow"):
+        gate.import_report(settings, MATRIX, outside)
+
+
+def test_serve_negotiates_pep691_json(settings: Settings) -> None:
+    gated_wheel(settings)
+    run_publish(settings)
+    server = serve.make_server(settings.build_dir / "index", 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/cpu/simple/polykernels/"
+        html_page = urllib.request.urlopen(url, timeout=10).read().decode()
+        request = urllib.request.Request(url, headers={"Accept": serve.JSON_TYPE})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.headers["Content-Type"] == serve.JSON_TYPE
+            assert json.loads(response.read())["name"] == "polykernels"
+        assert "#sha256=" in html_page
+    finally:
+        server.shutdown()
+        server.server_close()
