@@ -121,6 +121,8 @@ def run_verb(args: argparse.Namespace, settings: Settings, reporter: Reporter) -
             report = gate.gate(settings, matrix, args.wheel, runtime=args.runtime, profile=args.profile,
                                log=build_step.log_path(settings, "gate", args.wheel.stem), pip_args=args.pip_arg)
             row.detail = f"{report.hardware_class}: {report.reason}"
+            if not report.passed:
+                row.status = "failed"
         reporter.info(f"report: {gate.reports_dir(settings) / (report.wheel_sha256 + '.json')}")
         return 0 if report.passed else 1
     if args.verb == "publish":

@@ -110,16 +110,24 @@ def _run_in_container(settings: Settings, image: str, wheel: Path, out: Path, lo
     with engine.Container(image, log=log, mounts=mounts, keep=settings.keep_containers) as box:
         # --no-index: every dependency range must be satisfied by the runtime as it stands.
         box.exec(["python3", "-m", "pip", "install", "--no-index", "--disable-pip-version-check",
-                  f"/wheels/{wheel.name}"])
+                  f"/wheels/{wheel.name}[suites]"])
         box.exec(["python3", "-m", "polykernels.suites", "--report", "/out/suites.json"], workdir="/tmp")
 
 
 def _run_in_venv(settings: Settings, wheel: Path, out: Path, log: Path, pip_args: list[str]) -> None:
-    """A fresh venv that sees the host's site-packages (a GPU host's torch), with the wheel installed."""
+    """A fresh venv layered on the host Python's packages (a GPU host's own torch), the wheel installed
+    into the venv alone. A .pth file does the layering: --system-site-packages would reach only the
+    base interpreter when the host Python is itself a venv."""
     venv = out / "venv"
-    run(["python3", "-m", "venv", "--system-site-packages", str(venv)], log=log, env=settings.tool_env)
+    host_sites = run(["python3", "-c", "import json, site; print(json.dumps(site.getsitepackages()))"], log=log,
+                     env=settings.tool_env).strip().splitlines()[-1]
+    run(["python3", "-m", "venv", str(venv)], log=log, env=settings.tool_env)
     python = venv / "bin" / "python"
-    run([str(python), "-m", "pip", "install", "--disable-pip-version-check", *pip_args, str(wheel.resolve())],
+    site_dir = run([str(python), "-c", "import site; print(site.getsitepackages()[0])"], log=log,
+                   env=settings.tool_env).strip().splitlines()[-1]
+    (Path(site_dir) / "polykernels-gate-host.pth").write_text("\n".join(json.loads(host_sites)) + "\n")
+    # The exact file, with the suites' declared dependencies (its `suites` extra).
+    run([str(python), "-m", "pip", "install", "--disable-pip-version-check", *pip_args, f"{wheel.resolve()}[suites]"],
         log=log, env=settings.tool_env)
     with tempfile.TemporaryDirectory() as elsewhere:  # never import from the source tree
         env = {k: v for k, v in settings.tool_env.items() if k != "PYTHONPATH"}

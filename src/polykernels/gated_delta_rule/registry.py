@@ -26,5 +26,5 @@ register(KernelSpec(
     signature={"Q_ptr": "*bf16", "K_ptr": "*bf16", "GC_ptr": "*fp32", "HS_ptr": "*bf16", "VNEW_ptr": "*bf16",
                "O_ptr": "*bf16", "CHUNKS": "*i64", "scale": "fp32",
                **dict.fromkeys(("H", "HV", "K", "V", "BT", "BK", "BV", "L2NORM", "DOT_PRECISION"), "constexpr")},
-    constexprs={**_SHAPE, "BV": 64, "L2NORM": True, "DOT_PRECISION": "tf32"},
+    constexprs={**_SHAPE, "BV": 128, "L2NORM": True, "DOT_PRECISION": "tf32"},
 ))
