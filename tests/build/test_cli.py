@@ -34,7 +34,7 @@ def test_waiver_needs_a_reason(capsys, monkeypatch, tmp_path) -> None:
 
 def test_auto_targets_follow_the_hardware() -> None:
     matrix = targets.load(ROOT / "targets.toml")
-    names = lambda host: [t.name for t in release.resolve_targets(["auto"], matrix, host)]  # noqa: E731
+    names = lambda host: [t.name for t in release.resolve_targets(["auto"], matrix, host)]
     assert names(Host(nvidia_gpu=False, rocm_archs=frozenset())) == ["cpu"]
     assert names(Host(nvidia_gpu=True, rocm_archs=frozenset())) == ["cpu", "cuda13"]
     assert names(Host(nvidia_gpu=False, rocm_archs=frozenset({"gfx950"}))) == ["cpu", "rocm-gfx950"]
