@@ -37,7 +37,8 @@ def build_so(tmp_path: Path, body: str) -> Path:
 
 
 def test_symbols_stable_abi_passes(tmp_path: Path, torch_sdk: Path) -> None:
-    so = build_so(tmp_path, "extern int aoti_torch_dtype_float32(void);\nint f(void){return aoti_torch_dtype_float32();}")
+    so = build_so(tmp_path, "extern int aoti_torch_dtype_float32(void);\n"
+                            "int f(void){return aoti_torch_dtype_float32();}")
     result = checks.check_symbols(so, MATRIX.target("cpu"), torch_sdk, tmp_path / "log")
     assert result.passed, result.detail
 
