@@ -43,10 +43,10 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def export_source(settings: Settings, destination: Path) -> tuple[str | None, bool]:
+def export_source(settings: Settings, destination: Path) -> tuple[str | None, bool, int]:
     """Copies the files git knows (tracked and untracked-not-ignored) into ``destination``.
 
-    Returns (commit sha, dirty). The build never sees build/ or other ignored files.
+    Returns (commit sha, dirty, commit time). The build never sees build/ or other ignored files.
     """
     if destination.exists():
         shutil.rmtree(destination)
@@ -60,6 +60,7 @@ def export_source(settings: Settings, destination: Path) -> tuple[str | None, bo
         files = [f for f in git("ls-files", "-co", "--exclude-standard", "-z").split("\0") if f]
         sha = git("rev-parse", "HEAD").strip() or None
         dirty = bool(git("status", "--porcelain").strip())
+        commit_time = int(git("log", "-1", "--format=%ct").strip())
     except (subprocess.CalledProcessError, FileNotFoundError) as exc:
         raise BuildError("the source tree must be a git checkout (the manifest records its commit)") from exc
     for name in files:
@@ -68,10 +69,13 @@ def export_source(settings: Settings, destination: Path) -> tuple[str | None, bo
             target = destination / name
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)
-    return sha, dirty
+    return sha, dirty, commit_time
 
 
-def build_info(target: Target, image: BuilderImage, git_sha: str | None, dirty: bool) -> dict[str, Any]:
+def build_info(target: Target, image: BuilderImage, git_sha: str | None, dirty: bool,
+               commit_time: int) -> dict[str, Any]:
+    """The manifest embedded in the wheel. Its time is the commit's, so that rebuilding the same
+    commit in the same image gives the same bytes (and publishing them again is a no-op)."""
     return {
         "target": target.name,
         "variant": target.variant,
@@ -86,7 +90,7 @@ def build_info(target: Target, image: BuilderImage, git_sha: str | None, dirty: 
         "image_digest": image.image_id,
         "image_base": image.base,
         "deviations": list(image.deviations),
-        "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "built_at": datetime.fromtimestamp(commit_time, timezone.utc).isoformat(timespec="seconds"),
     }
 
 
@@ -95,7 +99,9 @@ def cibuildwheel_env(settings: Settings, target: Target, image: BuilderImage, in
     manifest = json.dumps(info, separators=(",", ":"))
     if "'" in manifest:
         raise ConfigError("build manifest values must not contain single quotes")
-    variables = {"POLYKERNELS_BACKEND": target.backend, "POLYKERNELS_BUILD_INFO": f"'{manifest}'"}
+    epoch = int(datetime.fromisoformat(info["built_at"]).timestamp())
+    variables = {"POLYKERNELS_BACKEND": target.backend, "POLYKERNELS_BUILD_INFO": f"'{manifest}'",
+                 "SOURCE_DATE_EPOCH": str(epoch)}
     if target.backend == "cuda":
         variables["TORCH_CUDA_ARCH_LIST"] = f"'{';'.join(target.archs)}'"
     elif target.backend == "rocm":
@@ -127,8 +133,8 @@ def build_wheel(settings: Settings, target: Target, image: BuilderImage, log: Pa
                 ccache: bool = True) -> BuiltWheel:
     start = time.perf_counter()
     source = settings.build_dir / "src" / target.name
-    sha, dirty = export_source(settings, source)
-    info = build_info(target, image, sha, dirty)
+    sha, dirty, commit_time = export_source(settings, source)
+    info = build_info(target, image, sha, dirty, commit_time)
     out = settings.build_dir / "dist" / target.name
     if out.exists():
         shutil.rmtree(out)
