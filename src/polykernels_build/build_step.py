@@ -28,7 +28,7 @@ def build_and_check(settings: Settings, matrix: Matrix, target: Target, profile:
         built = wheels.build_wheel(settings, target, image, log_path(settings, target.name, "wheel"), ccache=ccache)
         row.detail = f"{built.path.name} {built.size / 2**20:.2f} MiB sha256 {built.sha256[:12]}"
     with reporter.step(target.name, "checks") as row:
-        results = checks.run_checks(built.path, target, image.tag, settings.build_dir / "wheelhouse",
+        results = checks.run_checks(built.path, target, image.tag, image.python, settings.build_dir / "wheelhouse",
                                     settings.build_dir / "work" / target.name,
                                     log_path(settings, target.name, "checks"))
         record = built.path.with_suffix(".checks.json")

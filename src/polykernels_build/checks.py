@@ -161,6 +161,24 @@ def check_symbols(so: Path, target: Target, torch_sdk: Path, log: Path) -> Check
     return CheckResult("symbols", True, f"{stable} stable-ABI symbols, all declared in torch's C shim{note}")
 
 
+PROBE = Path(__file__).with_name("probes") / "stable_abi_call.py"
+
+
+def check_loads(so: Path, target: Target, builder_image: str, python_tag: str, log: Path) -> CheckResult:
+    """In the builder image, with no Python torch: dlopen the extension against the torch SDK and
+    the GPU runtime there, and call its CPU kernel through the stable dispatcher."""
+    python = f"/opt/python/{python_tag}-{python_tag}/bin/python"
+    libraries = "/opt/torch-sdk/torch/lib:/usr/local/cuda/lib:/usr/local/cuda/lib64:/opt/rocm/lib"
+    out = run(["docker", "run", "--rm", "--pull=never", "-v", f"{so.parent}:/w:ro", "-v", f"{PROBE}:/probe.py:ro",
+               "-e", f"LD_LIBRARY_PATH={libraries}", builder_image, python, "/probe.py", f"/w/{so.name}",
+               "lazy" if target.backend == "cuda" else "now"],
+              log=log, hint="the extension does not load or its op does not run; see the log")
+    result = json.loads(out.strip().splitlines()[-1])
+    return CheckResult("loads", bool(result.get("matches_rule")),
+                       "loads with no Python torch, registers polykernels::fake_int4_quant, CPU kernel correct"
+                       if result.get("matches_rule") else f"probe said {result}")
+
+
 def torch_sdk_from(wheelhouse: Path, destination: Path) -> Path:
     """Unpacks headers and libraries of the build torch (the same SDK the builder images use)."""
     marker = destination / "torch" / "include"
@@ -176,7 +194,7 @@ def torch_sdk_from(wheelhouse: Path, destination: Path) -> Path:
     return destination / "torch"
 
 
-def run_checks(wheel: Path, target: Target, builder_image: str, wheelhouse: Path, work: Path,
+def run_checks(wheel: Path, target: Target, builder_image: str, python_tag: str, wheelhouse: Path, work: Path,
                log: Path) -> list[CheckResult]:
     work.mkdir(parents=True, exist_ok=True)
     so = extract(wheel, "_C.abi3.so", work / "unpacked")
@@ -186,6 +204,7 @@ def run_checks(wheel: Path, target: Target, builder_image: str, wheelhouse: Path
         check_size(wheel, target),
         check_coverage(so, target, builder_image, log),
         check_symbols(so, target, sdk, log),
+        check_loads(so, target, builder_image, python_tag, log),
     ]
 
 
