@@ -1,0 +1,129 @@
+"""The factory end to end, in real containers (needs a Docker engine: run with --run-docker).
+
+Every target's wheel builds in its offline builder image and passes its checks (device-code
+coverage, stable-ABI symbols, loading with no Python torch); the cpu wheel is then released:
+gated in a clean runtime container, published to a static index, and pip-installed from that
+index (file:// and HTTP) into fresh environments that run the suites.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from polykernels_build import cli, serve
+
+ROOT = Path(__file__).resolve().parents[2]
+VERSION = re.search(r'__version__ = "([^"]+)"', (ROOT / "src/polykernels/_version.py").read_text()).group(1)
+EXPECTED_WHEELS = {
+    "cpu": f"polykernels-{VERSION}+cpu-cp310-abi3-manylinux_2_34_x86_64.whl",
+    "cuda13": f"polykernels-{VERSION}+cu130-cp310-abi3-manylinux_2_34_x86_64.whl",
+    "rocm-gfx942": f"polykernels-{VERSION}+rocm7.gfx942-cp310-abi3-manylinux_2_34_x86_64.whl",
+    "rocm-gfx950": f"polykernels-{VERSION}+rocm7.gfx950-cp310-abi3-manylinux_2_34_x86_64.whl",
+}
+
+pytestmark = pytest.mark.docker
+
+
+@pytest.fixture(autouse=True)
+def _in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+
+
+@pytest.mark.parametrize("target", list(EXPECTED_WHEELS))
+def test_every_target_builds_and_passes_its_checks(target: str) -> None:
+    import os
+
+    assert cli.main(["wheel", "--target", target, "--profile", "offline"], env=os.environ) == 0
+    wheels = sorted(p.name for p in (ROOT / "build/dist" / target).glob("*.whl"))
+    assert wheels == [EXPECTED_WHEELS[target]]
+    checks = json.loads(next((ROOT / "build/dist" / target).glob("*.checks.json")).read_text())
+    assert {c["name"]: c["passed"] for c in checks} == {
+        "manifest": True, "size": True, "coverage": True, "symbols": True, "loads": True}
+
+
+def layered_venv(path: Path) -> Path:
+    """A fresh venv that sees this test's torch (through a .pth), like a user's existing environment."""
+    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+    python = path / "bin" / "python"
+    site_dir = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    import site
+
+    (Path(site_dir) / "host.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    return python
+
+
+def test_cpu_release_then_install_from_the_index(tmp_path: Path) -> None:
+    import os
+
+    index_root = tmp_path / "index"
+    assert cli.main(["release", "--target", "cpu", "--profile", "offline", "--index", str(index_root)],
+                    env=os.environ) == 0
+    simple = index_root / "cpu" / "simple"
+    assert (simple / "polykernels" / "index.json").exists()
+
+    python = layered_venv(tmp_path / "user")
+    subprocess.run([str(python), "-m", "pip", "install", "--disable-pip-version-check", "--index-url",
+                    simple.as_uri(), "polykernels"], check=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run([str(python), "-m", "polykernels.suites", "--report", str(tmp_path / "r.json")],
+                         cwd=elsewhere, env=env, capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["package_path"].startswith(str(tmp_path / "user"))  # the installed wheel, not src/
+    assert report["build_info"]["target"] == "cpu"
+
+    server = serve.make_server(index_root, 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        python_http = layered_venv(tmp_path / "user-http")
+        url = f"http://127.0.0.1:{server.server_address[1]}/cpu/simple"
+        subprocess.run([str(python_http), "-m", "pip", "install", "--disable-pip-version-check", "--index-url", url,
+                        "polykernels"], check=True)
+        info = subprocess.run([str(python_http), "-m", "polykernels", "info", "--json"], cwd=elsewhere, env=env,
+                              capture_output=True, text=True, check=True)
+        assert json.loads(info.stdout)["build"]["variant"] == "cpu"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    # Releasing the same commit again rebuilds the same bytes: publishing them is a no-op.
+    assert cli.main(["release", "--target", "cpu", "--profile", "offline", "--index", str(index_root)],
+                    env=os.environ) == 0
+
+
+def test_hip_source_compiles_for_both_gfx_archs_in_one_object() -> None:
+    # The warp-shuffle portability of csrc/ in one compile: hipcc for gfx942 and gfx950 together.
+    result = subprocess.run(
+        ["docker", "run", "--rm", "--pull=never", "-v", f"{ROOT / 'csrc'}:/csrc:ro", "polykernels-builder:rocm-sid-rocm",
+         "sh", "-c", "hipcc -x hip -c /csrc/int4_qat/fake_int4_quant_gpu.cu -o /tmp/k.o -std=c++20 -fPIC "
+                     "-I/csrc/include -I/csrc -I/opt/torch-sdk/torch/include -DUSE_ROCM=1 "
+                     "-DTORCH_TARGET_VERSION=0x020d000000000000 --offload-arch=gfx942 --offload-arch=gfx950 && "
+                     "cd /tmp && llvm-objdump-21 --offloading k.o"],
+        capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "gfx942" in result.stdout and "gfx950" in result.stdout
+
+
+def test_cuda_warp_mask_would_break_hipcc() -> None:
+    # The seed bug, reproduced: a full 32-bit mask to __shfl_xor_sync does not compile under hipcc;
+    # portable.h's PK_SHFL_XOR32 exists so that no kernel of ours ever spells it.
+    source = ("#include <hip/hip_runtime.h>\n__global__ void k(float* x) {"
+              " x[0] = __shfl_xor_sync(0xffffffff, x[0], 1, 32); }\n")
+    result = subprocess.run(
+        ["docker", "run", "--rm", "--pull=never", "-i", "polykernels-builder:rocm-sid-rocm", "sh", "-c",
+         "cat > /tmp/bad.hip && hipcc -c /tmp/bad.hip -o /tmp/bad.o --offload-arch=gfx942"],
+        input=source, capture_output=True, text=True, check=False)
+    assert result.returncode != 0
+    assert not list(ROOT.glob("csrc/**/*.cu*")) or all(
+        "__shfl_xor_sync" not in p.read_text() for p in ROOT.glob("csrc/int4_qat/*"))
