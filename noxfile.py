@@ -108,7 +108,7 @@ def release(session: nox.Session) -> None:
 def wheels_e2e(session: nox.Session) -> None:
     """Container builds end to end (needs Docker): every target builds; the cpu wheel is gated, published, installed."""
     session.install(*_group("test"), *_group("factory"), TEST_TORCH)
-    session.run("pytest", "tests/e2e", "--run-docker", *session.posargs, env={"PYTHONPATH": "src"})
+    session.run("pytest", "tests/e2e", "--run-docker", *session.posargs)
 
 
 if __name__ == "__main__":

@@ -70,6 +70,7 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
     rel.add_argument("--partial", action="store_true")
     rel.add_argument("--allow-unpinned", action="store_true")
     verbs.add_parser("schema", help="write targets.schema.json for editors")
+    verbs.add_parser("matrix", help="print the targets as JSON (for CI job matrices)")
     return parser
 
 
@@ -88,6 +89,10 @@ def run_verb(args: argparse.Namespace, settings: Settings, reporter: Reporter) -
         path = settings.root / "targets.schema.json"
         path.write_text(json.dumps(targets.json_schema(), indent=2) + "\n")
         reporter.info(f"wrote {path}")
+        return 0
+    if args.verb == "matrix":
+        print(json.dumps([{"target": t.name, "backend": t.backend, "hardware": t.hardware, "variant": t.variant,
+                           "runners": list(t.runners)} for t in matrix.targets.values()]))
         return 0
     if args.verb in ("images", "wheel"):
         target = matrix.target(args.target)
