@@ -88,8 +88,8 @@ def test_cpu_release_then_install_from_the_index(tmp_path: Path) -> None:
     try:
         python_http = layered_venv(tmp_path / "user-http")
         url = f"http://127.0.0.1:{server.server_address[1]}/cpu/simple"
-        subprocess.run([str(python_http), "-m", "pip", "install", "--disable-pip-version-check", "--index-url", url,
-                        "polykernels"], check=True)
+        subprocess.run([str(python_http), "-m", "pip", "install", "--disable-pip-version-check", "--index-url",
+                        url, "polykernels"], check=True)
         info = subprocess.run([str(python_http), "-m", "polykernels", "info", "--json"], cwd=elsewhere, env=env,
                               capture_output=True, text=True, check=True)
         assert json.loads(info.stdout)["build"]["variant"] == "cpu"
