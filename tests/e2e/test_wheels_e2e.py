@@ -102,10 +102,23 @@ def test_cpu_release_then_install_from_the_index(tmp_path: Path) -> None:
                     env=os.environ) == 0
 
 
-def test_hip_source_compiles_for_both_gfx_archs_in_one_object() -> None:
+@pytest.fixture(scope="module")
+def rocm_builder() -> str:
+    import os
+
+    previous = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        assert cli.main(["images", "--target", "rocm-gfx942", "--profile", "offline"], env=os.environ) == 0
+    finally:
+        os.chdir(previous)
+    return "polykernels-builder:rocm-sid-rocm"
+
+
+def test_hip_source_compiles_for_both_gfx_archs_in_one_object(rocm_builder: str) -> None:
     # The warp-shuffle portability of csrc/ in one compile: hipcc for gfx942 and gfx950 together.
     result = subprocess.run(
-        ["docker", "run", "--rm", "--pull=never", "-v", f"{ROOT / 'csrc'}:/csrc:ro", "polykernels-builder:rocm-sid-rocm",
+        ["docker", "run", "--rm", "--pull=never", "-v", f"{ROOT / 'csrc'}:/csrc:ro", rocm_builder,
          "sh", "-c", "hipcc -x hip -c /csrc/int4_qat/fake_int4_quant_gpu.cu -o /tmp/k.o -std=c++20 -fPIC "
                      "-I/csrc/include -I/csrc -I/opt/torch-sdk/torch/include -DUSE_ROCM=1 "
                      "-DTORCH_TARGET_VERSION=0x020d000000000000 --offload-arch=gfx942 --offload-arch=gfx950 && "
@@ -115,13 +128,13 @@ def test_hip_source_compiles_for_both_gfx_archs_in_one_object() -> None:
     assert "gfx942" in result.stdout and "gfx950" in result.stdout
 
 
-def test_cuda_warp_mask_would_break_hipcc() -> None:
+def test_cuda_warp_mask_would_break_hipcc(rocm_builder: str) -> None:
     # The seed bug, reproduced: a full 32-bit mask to __shfl_xor_sync does not compile under hipcc;
     # portable.h's PK_SHFL_XOR32 exists so that no kernel of ours ever spells it.
     source = ("#include <hip/hip_runtime.h>\n__global__ void k(float* x) {"
               " x[0] = __shfl_xor_sync(0xffffffff, x[0], 1, 32); }\n")
     result = subprocess.run(
-        ["docker", "run", "--rm", "--pull=never", "-i", "polykernels-builder:rocm-sid-rocm", "sh", "-c",
+        ["docker", "run", "--rm", "--pull=never", "-i", rocm_builder, "sh", "-c",
          "cat > /tmp/bad.hip && hipcc -c /tmp/bad.hip -o /tmp/bad.o --offload-arch=gfx942"],
         input=source, capture_output=True, text=True, check=False)
     assert result.returncode != 0
