@@ -143,3 +143,25 @@ def test_serve_negotiates_pep691_json(settings: Settings) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_missing_runtime_image_is_one_clear_error(settings: Settings, monkeypatch) -> None:
+    from polykernels_build import engine
+    from polykernels_build.errors import ImageError
+
+    wheel = make_wheel(settings.build_dir / "dist" / "cuda13", target="cuda13", variant="cu130")
+    monkeypatch.setattr(engine, "require_engine", lambda tool_env: None)
+    monkeypatch.setattr(engine, "image_id", lambda reference: None)
+    with pytest.raises(ImageError, match=r"image pytorch/pytorch:.* is not present") as error:
+        gate.gate(settings, MATRIX, wheel, runtime="container", profile="vendor", log=settings.build_dir / "log")
+    assert "pull" in (error.value.hint or "")
+
+
+def test_offline_gpu_gate_says_where_to_gate(settings: Settings, monkeypatch) -> None:
+    from polykernels_build import engine
+
+    wheel = make_wheel(settings.build_dir / "dist" / "cuda13", target="cuda13", variant="cu130")
+    monkeypatch.setattr(engine, "require_engine", lambda tool_env: None)
+    with pytest.raises(GateError, match="no GPU runtime image") as error:
+        gate.gate(settings, MATRIX, wheel, runtime="container", profile="offline", log=settings.build_dir / "log")
+    assert "--runtime venv" in (error.value.hint or "")

@@ -1,0 +1,68 @@
+"""setup.py's build configuration: every wrong setting is an error naming the variable to set."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def setup_module():
+    spec = importlib.util.spec_from_file_location("polykernels_setup", ROOT / "setup.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)  # setup() runs only under __main__
+    return module
+
+
+def test_cpu_build_needs_no_toolkit(setup_module) -> None:
+    build = setup_module.resolve_build({"POLYKERNELS_BACKEND": "cpu"})
+    assert build.backend == "cpu" and build.archs == () and build.target_version_macro.endswith("0x020b000000000000")
+
+
+def test_cuda_defaults_and_gencode_flags(setup_module, tmp_path: Path) -> None:
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.parent.mkdir()
+    nvcc.write_text("#!/bin/sh\n")
+    build = setup_module.resolve_build({"POLYKERNELS_BACKEND": "cuda", "CUDA_HOME": str(tmp_path)})
+    assert build.archs == ("8.0", "9.0", "10.0", "12.0+PTX")
+    flags = setup_module.nvcc_arch_flags(build.archs)
+    assert "arch=compute_120,code=compute_120" in flags and "arch=compute_90,code=sm_90" in flags
+    assert all("offload-arch" not in f for f in flags)
+
+
+def test_rocm_targets_2_13_and_never_gets_nvcc_flags(setup_module, tmp_path: Path) -> None:
+    build = setup_module.resolve_build({"POLYKERNELS_BACKEND": "rocm", "HIPCC": "/usr/bin/hipcc"})
+    assert build.archs == ("gfx942", "gfx950") and build.target_version_macro.endswith("0x020d000000000000")
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"POLYKERNELS_BACKEND": "cuda", "CUDA_HOME": "/nonexistent", "PATH": "/nonexistent"},
+         r"nvcc was not found: set CUDA_HOME"),
+        ({"POLYKERNELS_BACKEND": "rocm", "PATH": "/nonexistent"}, r"hipcc was not found: set HIPCC or ROCM_PATH"),
+        ({"POLYKERNELS_BACKEND": "rocm", "HIPCC": "hipcc", "PYTORCH_ROCM_ARCH": "gfx942;gfx1234"},
+         r"PYTORCH_ROCM_ARCH: unknown arch 'gfx1234'"),
+        ({"POLYKERNELS_BACKEND": "tpu"}, r"POLYKERNELS_BACKEND: unknown backend 'tpu'"),
+    ],
+    ids=["no-nvcc", "no-hipcc", "bad-rocm-arch", "bad-backend"],
+)
+def test_bad_settings_name_the_variable(setup_module, env: dict, message: str) -> None:
+    with pytest.raises(setup_module.BuildConfigError, match=message):
+        setup_module.resolve_build(env)
+
+
+def test_bad_cuda_arch_names_the_variable(setup_module) -> None:
+    with pytest.raises(setup_module.BuildConfigError, match=r"TORCH_CUDA_ARCH_LIST: 'sm_90' is not a CUDA arch"):
+        setup_module.parse_cuda_archs("8.0;sm_90")
+
+
+def test_torch_sdk_without_stable_headers_is_refused(setup_module, tmp_path: Path) -> None:
+    with pytest.raises(setup_module.BuildConfigError, match=r"POLYKERNELS_TORCH_SDK=.* holds no torch/csrc/stable"):
+        setup_module.torch_paths({"POLYKERNELS_TORCH_SDK": str(tmp_path)})
