@@ -92,10 +92,9 @@ def debian_base(settings: Settings, suite: str, packages: tuple[str, ...], tag: 
     with log.open("ab") as handle:
         handle.write(f"\n$ {' '.join(argv)} | docker import - {tag}\n".encode())
         handle.flush()
-        debootstrap = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=handle, env=dict(settings.tool_env))
-        imported = subprocess.run(["docker", "import", "-", tag], stdin=debootstrap.stdout, stdout=handle,
-                                  stderr=handle, check=False)
-        debootstrap.wait()
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=handle, env=dict(settings.tool_env)) as debootstrap:
+            imported = subprocess.run(["docker", "import", "-", tag], stdin=debootstrap.stdout, stdout=handle,
+                                      stderr=handle, check=False)
     if debootstrap.returncode or imported.returncode:
         raise ImageError(f"bootstrapping the Debian {suite} base failed", log=log,
                          hint="check that the Debian archive is reachable (apt-get update works)")
