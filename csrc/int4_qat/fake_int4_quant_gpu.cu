@@ -40,7 +40,7 @@ pk_stream_t current_stream(int32_t device_index) {
 template <ElementType kType, int kPerLane, bool kCodes>
 void launch(const Tensor& x, Tensor& out, Tensor& scale, Tensor& zero, bool symmetric, pk_stream_t stream) {
   const int64_t num_groups = scale.numel();
-  const int64_t groups_per_block = kThreadsPerBlock / PK_GROUP_LANES;
+  const int64_t groups_per_block = kThreadsPerBlock / PK_GROUP_LANES * kGroupsInFlight;
   const int64_t blocks = std::min((num_groups + groups_per_block - 1) / groups_per_block, kMaxBlocks);
   constexpr uintptr_t kXAlign = uintptr_t{ElementBytes<kType>::value} * kPerLane;
   constexpr uintptr_t kOutAlign = kCodes ? uintptr_t{kPerLane} : kXAlign;
