@@ -11,7 +11,7 @@ import pytest
 from polykernels_build import gate, index, publish, serve, targets
 from polykernels_build.errors import GateError, PublishError
 from polykernels_build.settings import Settings
-from tests.build.helpers import make_wheel, suites_report
+from tests.factory.helpers import make_wheel, suites_report
 
 ROOT = Path(__file__).resolve().parents[2]
 MATRIX = targets.load(ROOT / "targets.toml")

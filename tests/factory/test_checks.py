@@ -65,7 +65,7 @@ def test_size_budget(tmp_path: Path) -> None:
 
 
 def test_manifest_check_catches_a_mislabelled_wheel(tmp_path: Path) -> None:
-    from tests.build.helpers import make_wheel
+    from tests.factory.helpers import make_wheel
 
     good = make_wheel(tmp_path / "a", target="cpu", variant="cpu")
     assert checks.check_manifest(good, MATRIX.target("cpu")).passed
