@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,8 @@ class KernelSpec:
     signature: dict[str, str]
     constexprs: dict[str, Any] = field(default_factory=dict)
     backends: tuple[str, ...] = ("cuda", "hip")  # where the guards let it run
+    # Constexprs the launcher derives from the platform, computed per target by the same guard.
+    platform_constexprs: Callable[[], dict[str, Any]] | None = None
 
     def allowed_on(self, target: str) -> bool:
         return target.split(":", maxsplit=1)[0] in self.backends
@@ -99,10 +102,20 @@ def compile_here(name: str, target: str) -> dict[str, Any]:
     import triton
     from triton.compiler import ASTSource
 
+    from polykernels import platform
+
     _load_all()
     spec = KERNELS[name]
     fn = getattr(importlib.import_module(spec.module), spec.function)
-    source = ASTSource(fn, signature=spec.signature, constexprs=spec.constexprs)
+    constexprs = dict(spec.constexprs)
+    if spec.platform_constexprs is not None:
+        backend, arch = target.split(":")
+        seen = platform.Platform(backend="cuda" if backend == "cuda" else "rocm",
+                                 arch=f"sm_{arch}" if backend == "cuda" else arch, device_name=None,
+                                 warp_size=32 if backend == "cuda" else 64, runtime_version=None)
+        with platform.use(seen):
+            constexprs.update(spec.platform_constexprs())
+    source = ASTSource(fn, signature=spec.signature, constexprs=constexprs)
     compiled = triton.compile(source, target=_gpu_target(target))
     binary = next((k for k in ("cubin", "hsaco") if k in compiled.asm), None)
     return {"kernel": name, "target": target, "ok": True, "binary": binary,

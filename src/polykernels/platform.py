@@ -94,6 +94,15 @@ def has_inline_ptx() -> bool:
     return current().backend == "cuda"
 
 
+def has_tf32_dots() -> bool:
+    """Triton accepts input_precision="tf32" here: NVIDIA, and AMD CDNA3 (gfx942, as XF32) only.
+
+    MI355X (gfx950) has no XF32: asking for tf32 there fails at the first compile.
+    """
+    seen = current()
+    return seen.backend == "cuda" or (seen.backend == "rocm" and seen.arch == "gfx942")
+
+
 def has_triton() -> bool:
     return importlib.util.find_spec("triton") is not None
 
@@ -105,6 +114,7 @@ def has_triton_gpu() -> bool:
 
 CAPABILITIES = {
     "inline_ptx": has_inline_ptx,
+    "tf32_dots": has_tf32_dots,
     "triton": has_triton,
     "triton_gpu": has_triton_gpu,
 }

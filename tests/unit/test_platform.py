@@ -22,17 +22,17 @@ MI355X = fake_torch(hip="7.0.1", cuda=None, available=True, name="AMD Instinct M
                     gcnArchName="gfx950:sramecc+:xnack-", warp_size=64, major=9, minor=5)
 CPU_ONLY = fake_torch(hip=None, cuda=None, available=False)
 
-EXPECTED = {
-    "H100": (H100, "cuda", "sm_90", 32, True),
-    "MI300X": (MI300X, "rocm", "gfx942", 64, False),
-    "MI355X": (MI355X, "rocm", "gfx950", 64, False),
-    "CPU": (CPU_ONLY, "cpu", None, 1, False),
+EXPECTED = {  # torch, backend, arch, warp size, inline PTX, TF32 dots
+    "H100": (H100, "cuda", "sm_90", 32, True, True),
+    "MI300X": (MI300X, "rocm", "gfx942", 64, False, True),
+    "MI355X": (MI355X, "rocm", "gfx950", 64, False, False),
+    "CPU": (CPU_ONLY, "cpu", None, 1, False, False),
 }
 
 
 @pytest.mark.parametrize("name", EXPECTED)
 def test_detect_and_capabilities(name: str) -> None:
-    torch_module, backend, arch, warp, inline_ptx = EXPECTED[name]
+    torch_module, backend, arch, warp, inline_ptx, tf32 = EXPECTED[name]
     seen = platform.detect(torch_module)
     assert (seen.backend, seen.arch, seen.warp_size) == (backend, arch, warp)
     with platform.use(seen):
@@ -40,6 +40,7 @@ def test_detect_and_capabilities(name: str) -> None:
         assert platform.arch() == arch
         assert platform.warp_size() == warp
         assert platform.has_inline_ptx() is inline_ptx
+        assert platform.has_tf32_dots() is tf32
         for capability in platform.CAPABILITIES.values():
             assert isinstance(capability(), bool)
         assert platform.has_triton_gpu() is (backend != "cpu")

@@ -58,7 +58,7 @@ def launch_chunk_gated_delta_rule(
     total = batch * tokens
     dtype = q.dtype
     block_k, block_v = _block(key_dim), _block(value_dim)
-    precision = "ieee" if dtype == torch.float32 else "tf32"
+    precision = guards.dot_precision(fp32_inputs=dtype == torch.float32)
     o = torch.empty(batch, tokens, value_heads, value_dim, dtype=v.dtype, device=device)
     final = torch.empty(num_seqs, value_heads, key_dim, value_dim, dtype=torch.float32, device=device)
     if num_chunks == 0:

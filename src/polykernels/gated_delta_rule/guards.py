@@ -23,6 +23,17 @@ def choose(device_type: str) -> GdnPath:
     return GdnPath("triton", f"{seen.backend} {seen.arch}: Triton chunked kernels (int64 offsets)")
 
 
+def dot_precision(fp32_inputs: bool) -> str:
+    """Triton input_precision for the kernels' fp32-operand dots (the (I + A)^-1 products).
+
+    fp32 inputs keep IEEE products (the spec's 1e-4 bound); 16-bit inputs use TF32 where the
+    platform has it and three bf16 passes (about as accurate) where it does not (gfx950).
+    """
+    if fp32_inputs:
+        return "ieee"
+    return "tf32" if platform.has_tf32_dots() else "bf16x3"
+
+
 def describe() -> dict[str, Callable[[], tuple[str, str]]]:
     def run() -> tuple[str, str]:
         choice = choose("cuda" if platform.current().is_gpu else "cpu")

@@ -187,3 +187,14 @@ def test_gpu_state_buffer_past_2_pow_31_elements(gpu_device: str) -> None:
     result = run_large_index_check(tokens=4096 * 64 + 4096, device=gpu_device)
     assert result["state_elements"] > 2**31
     assert result["o_error"] < 5e-3 and result["state_error"] < 5e-3, result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["hip:gfx942", "hip:gfx950"])
+def test_kernels_compile_for_amd(target: str) -> None:
+    # MI300X / MI355X code objects from this CPU: no kernel of the op is CUDA-only.
+    from polykernels.kernel_registry import probe
+
+    for kernel in ("gdn_prepare", "gdn_scan", "gdn_output"):
+        result = probe(kernel, target)
+        assert result.compiled and result.consistent, result.detail
