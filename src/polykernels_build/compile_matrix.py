@@ -13,6 +13,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
+from polykernels_build.errors import ToolError
 from polykernels_build.index import write_atomically
 from polykernels_build.settings import Settings
 
@@ -44,9 +45,12 @@ print(json.dumps(asdict(probe(sys.argv[1], sys.argv[2]))) + "\\n", end="")
 def _kernels(settings: Settings) -> tuple[list[str], list[str]]:
     code = ("import json; from polykernels import kernel_registry as k; k._load_all();"
             "print(json.dumps([list(k.KERNELS), list(k.GPU_TARGETS)]))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env=dict(settings.tool_env), cwd=settings.build_dir).stdout
-    kernels, gpu_targets = json.loads(out)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
+                          env=dict(settings.tool_env), cwd=settings.root)
+    if proc.returncode:
+        raise ToolError([sys.executable, "-c", code], proc.returncode, proc.stderr,
+                        hint="the compile matrix needs polykernels and triton importable (nox -s compile_matrix)")
+    kernels, gpu_targets = json.loads(proc.stdout)
     return kernels, gpu_targets
 
 
@@ -56,7 +60,7 @@ def run(settings: Settings, workers: int = 2) -> MatrixResult:
 
     def one(pair: tuple[str, str]) -> dict:
         proc = subprocess.run([sys.executable, "-c", _PROBE, *pair], capture_output=True, text=True, check=False,
-                              env=dict(settings.tool_env), cwd=settings.build_dir)
+                              env=dict(settings.tool_env), cwd=settings.root)
         row = json.loads(proc.stdout.strip().splitlines()[-1])
         row["consistent"] = row["compiled"] or not row["allowed"]
         return row
