@@ -198,3 +198,18 @@ def test_kernels_compile_for_amd(target: str) -> None:
     for kernel in ("gdn_prepare", "gdn_scan", "gdn_output"):
         result = probe(kernel, target)
         assert result.compiled and result.consistent, result.detail
+
+
+@pytest.mark.parametrize(
+    ("backend", "arch", "expected"),
+    [("cuda", "sm_90", "tf32"), ("rocm", "gfx942", "tf32"), ("rocm", "gfx950", "bf16x3"), ("cpu", None, "tf32")],
+)
+def test_dot_precision_follows_the_platform(backend: str, arch: str | None, expected: str) -> None:
+    # gfx950 has no TF32 dots in Triton: asking for them fails the first compile on MI355X.
+    from polykernels import platform
+    from polykernels.gated_delta_rule.guards import dot_precision
+
+    seen = platform.Platform(backend=backend, arch=arch, device_name=None, warp_size=32, runtime_version=None)
+    with platform.use(seen):
+        assert dot_precision(fp32_inputs=False) == expected
+        assert dot_precision(fp32_inputs=True) == "ieee"
