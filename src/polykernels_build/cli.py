@@ -34,6 +34,11 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
     parser.add_argument("--debug-traceback", action="store_true", help="show the stack on failure")
     verbs = parser.add_subparsers(dest="verb", required=True)
 
+    def with_publish_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--waive", nargs=2, action="append", metavar=("TARGET", "REASON"),
+                       help="publish TARGET without a passing gate; the reason is recorded in the index")
+        p.add_argument("--partial", action="store_true", help="publish what passed even if other targets did not")
+
     def with_target(p: argparse.ArgumentParser) -> None:
         p.add_argument("--target", required=True, help="a target name from targets.toml")
         p.add_argument("--profile", choices=("vendor", "offline"), default=settings.default_profile)
@@ -55,9 +60,7 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
     where = pub.add_mutually_exclusive_group()
     where.add_argument("--index", type=Path, help="static index root (default build/index)")
     where.add_argument("--repository-url", help="upload with twine instead")
-    for p in (pub,):
-        p.add_argument("--waive", nargs=2, action="append", metavar=("TARGET", "REASON"))
-        p.add_argument("--partial", action="store_true", help="publish what passed even if other targets did not")
+    with_publish_options(pub)
     srv = verbs.add_parser("serve", help="serve build/index on 127.0.0.1")
     srv.add_argument("--port", type=int, default=8000)
     srv.add_argument("--index", type=Path, default=settings.build_dir / "index")
@@ -66,8 +69,7 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
     rel.add_argument("--profile", choices=("vendor", "offline"), default=settings.default_profile)
     rel.add_argument("--runtime", choices=("container", "venv"), default="container")
     rel.add_argument("--index", type=Path)
-    rel.add_argument("--waive", nargs=2, action="append", metavar=("TARGET", "REASON"))
-    rel.add_argument("--partial", action="store_true")
+    with_publish_options(rel)
     rel.add_argument("--allow-unpinned", action="store_true")
     verbs.add_parser("schema", help="write targets.schema.json for editors")
     verbs.add_parser("matrix", help="print the targets as JSON (for CI job matrices)")
@@ -141,8 +143,9 @@ def run_verb(args: argparse.Namespace, settings: Settings, reporter: Reporter) -
     if args.verb == "serve":
         serve.serve(args.index, args.port)
         return 0
-    outcomes = release.release(settings, matrix, release.resolve_targets(args.target, matrix, host.probe()),
-                               host.probe(), reporter, profile=args.profile, runtime=args.runtime,
+    this_host = host.probe()
+    outcomes = release.release(settings, matrix, release.resolve_targets(args.target, matrix, this_host),
+                               this_host, reporter, profile=args.profile, runtime=args.runtime,
                                waivers=_waivers(args.waive), partial=args.partial, index_root=args.index,
                                allow_unpinned=args.allow_unpinned)
     reporter.console.print(_release_table(outcomes))

@@ -152,23 +152,19 @@ def gate(settings: Settings, matrix: Matrix, wheel: Path, *, runtime: str, profi
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    start = time.perf_counter()
-    if runtime == "container":
-        engine.require_engine(settings.tool_env)
-        image = _runtime_image(settings, matrix, target, profile, log)
-        try:
-            _run_in_container(settings, image, wheel, out, log)
-        except Exception:
-            if not (out / "suites.json").exists():
-                raise
-    elif runtime == "venv":
-        try:
-            _run_in_venv(settings, wheel, out, log, pip_args or [])
-        except Exception:
-            if not (out / "suites.json").exists():
-                raise
-    else:
+    if runtime not in ("container", "venv"):
         raise ConfigError(f"--runtime {runtime!r}: expected container or venv")
+    start = time.perf_counter()
+    try:
+        if runtime == "container":
+            engine.require_engine(settings.tool_env)
+            _run_in_container(settings, _runtime_image(settings, matrix, target, profile, log), wheel, out, log)
+        else:
+            _run_in_venv(settings, wheel, out, log, pip_args or [])
+    except Exception:
+        # The suites exit non-zero when a case fails: that is a verdict, judged below, not a crash.
+        if not (out / "suites.json").exists():
+            raise
     suites = json.loads((out / "suites.json").read_text())
     passed, reason = judge(suites)
     seen = hardware_class(suites.get("platform", {}))
