@@ -39,8 +39,9 @@ class KernelSpec:
 
 _NORM_SIGNATURE = {
     "X": "*bf16", "Y": "*bf16", "W": "*bf16", "SHIFT": "*bf16", "SCALE": "*bf16", "MEAN": "*fp32", "RSTD": "*fp32",
-    "L": "i32", "D": "i32", "stride_shift_b": "i32", "stride_shift_l": "i32", "stride_scale_b": "i32",
-    "stride_scale_l": "i32", "eps": "fp32", "BLOCK_D": "constexpr", "IS_RMS": "constexpr", "EXACT_PTX": "constexpr",
+    "rows": "i32", "L": "i32", "D": "i32", "stride_shift_b": "i32", "stride_shift_l": "i32", "stride_scale_b": "i32",
+    "stride_scale_l": "i32", "eps": "fp32", "BLOCK_D": "constexpr", "ROWS": "constexpr", "IS_RMS": "constexpr",
+    "EXACT_PTX": "constexpr", "TILE_MODULATION": "constexpr", "STORE_STATS": "constexpr",
 }
 
 
@@ -50,7 +51,8 @@ def _norm(name: str, is_rms: bool, exact: bool) -> KernelSpec:
         module="polykernels.norm.kernels",
         function="norm_modulate_kernel",
         signature=_NORM_SIGNATURE,
-        constexprs={"BLOCK_D": 4096, "IS_RMS": is_rms, "EXACT_PTX": exact},
+        constexprs={"BLOCK_D": 4096, "ROWS": 2, "IS_RMS": is_rms, "EXACT_PTX": exact, "TILE_MODULATION": True,
+                    "STORE_STATS": False},
         backends=("cuda",) if exact else ("cuda", "hip"),
     )
 

@@ -41,6 +41,10 @@ def prefer(preference: Preference) -> Iterator[None]:
         _preference = previous
 
 
+def preference() -> Preference:
+    return _preference
+
+
 def choose(device_type: str, dtype: torch.dtype, contiguous: bool, exact_epilogue: bool = True) -> NormPath:
     seen = platform.current()
     if device_type != "cuda":

@@ -107,10 +107,11 @@ def test_op_asks_for_ptx_only_where_guard_allows(monkeypatch, seen, expected_fla
 
     flags = []
     monkeypatch.setattr(ops, "_launch_norm", lambda *a, exact: flags.append(exact) or (a[0].clone(), None, None))
+    monkeypatch.setattr(ops, "_eager_gpu", lambda x: True)
     real_choose = ops.guards.choose
     monkeypatch.setattr(ops.guards, "choose", lambda device_type, *a, **k: real_choose("cuda", *a, **k))
     with platform.use(seen):
-        ops._layernorm_modulate_op(torch.randn(1, 2, 8), torch.zeros(1, 1, 8), torch.zeros(1, 1, 8), 1e-6)
+        layernorm_modulate(torch.randn(1, 2, 8), torch.zeros(1, 1, 8), torch.zeros(1, 1, 8))
     assert flags == expected_flags
 
 
@@ -162,9 +163,18 @@ def test_portable_kernels_compile_for_amd_and_nvidia(target: str) -> None:
          ValueError, r"weight must have shape \(8,\)"),
         (lambda: qk_rmsnorm(torch.randn(1, 2, 2, 8), torch.randn(1, 2, 2, 4), torch.randn(8), torch.randn(4)),
          ValueError, r"q and k must share head_dim"),
+        (lambda: layernorm_modulate(torch.randn(1, 2, 8), torch.randn(1, 8), torch.randn(1, 8), eps=None),
+         ValueError, r"eps must be a finite positive number, got None"),
+        (lambda: layernorm_modulate(torch.randn(1, 2, 8), torch.randn(1, 8), torch.randn(1, 8), eps=-1e-6),
+         ValueError, r"eps must be a finite positive number, got -1e-06"),
+        (lambda: rmsnorm_scale_shift(torch.randn(1, 2, 8), torch.randn(8), torch.randn(1, 8), torch.randn(1, 8),
+                                     eps=float("nan")), ValueError, r"eps must be a finite positive number, got nan"),
+        (lambda: qk_rmsnorm(torch.randn(1, 2, 2, 8), torch.randn(1, 2, 2, 8), torch.randn(8), torch.randn(8),
+                            eps=True), ValueError, r"eps must be a finite positive number, got True"),
     ],
     ids=["bad-shift-D", "bad-batch", "dtype-mix", "non-contiguous", "empty", "2d", "too-wide", "float64",
-         "transposed-1xD-ok", "strided-last-dim", "weight-shape", "qk-head-dim"],
+         "transposed-1xD-ok", "strided-last-dim", "weight-shape", "qk-head-dim", "eps-none", "eps-negative",
+         "eps-nan", "eps-bool"],
 )
 def test_bad_input_names_the_argument(call, error, match) -> None:
     if error is None:
@@ -215,7 +225,7 @@ def test_gpu_ptx_epilogue_is_bit_exact_with_eager_fp32(gpu_device: str, rms: boo
     weight = torch.randn(dim, device=gpu_device) if rms else None
     mismatches = {}
     for exact in (True, False):
-        y, mean, rstd = _launch_norm(x, weight, shift, scale, 1e-6, exact=exact)
+        y, mean, rstd = _launch_norm(x, weight, shift, scale, 1e-6, exact=exact, stats=True)
         centered = x - mean.view(1, -1, 1)
         normed = centered * rstd.view(1, -1, 1)
         if rms:
