@@ -28,7 +28,7 @@ def sweep_gdn(device: str) -> list[dict]:
         if lengths is not None:
             cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=device, dtype=torch.int32)
         num_seqs = batch if cu is None else len(lengths)
-        tiles = -(-128 // launch_config(128, 128)[1])
+        tiles = -(-128 // launch_config(128, 128)[1])  # V tiles
         auto = plan_segments(num_seqs, batch * tokens, value_heads, tiles,
                              torch.cuda.get_device_properties(device).multi_processor_count)
         row = {"shape": name, "auto": auto.segments}
@@ -38,6 +38,34 @@ def sweep_gdn(device: str) -> list[dict]:
             ms = graph_ms(functools.partial(chunk_gated_delta_rule, q, k, v, g, beta, output_final_state=True,
                                             cu_seqlens=cu, num_segments=segments))
             row[str(segments)] = round(ms, 4)
+        print(json.dumps(row), flush=True)
+        results.append(row)
+    return results
+
+
+def sweep_gdn_launch(device: str) -> list[dict]:
+    """GPU time per (BV, num_warps, num_stages) of the fused kernels, and where the time goes."""
+    from polykernels.gated_delta_rule import chunk, chunk_gated_delta_rule
+
+    results = []
+    original = dict(chunk.FUSED_LAUNCH)
+    shapes = [("B8 T4096 H32/32", 8, 4096, 32, 32, 1), ("1x32768 H2/8", 1, 32768, 2, 8, 8),
+              ("B1 T32768 H32/32", 1, 32768, 32, 32, 4)]
+    for name, batch, tokens, heads, value_heads, segments in shapes:
+        q, k, v, g, beta = gdn_inputs(batch, tokens, heads, value_heads, device)
+        call = functools.partial(chunk_gated_delta_rule, q, k, v, g, beta, output_final_state=True,
+                                 num_segments=segments)
+        row = {"shape": name, "segments": segments}
+        for config in ((64, 4, 1), (64, 4, 2), (64, 8, 1), (64, 8, 2), (32, 4, 2), (32, 8, 2), (32, 4, 3)):
+            chunk.FUSED_LAUNCH[128] = config
+            row["x".join(map(str, config))] = round(graph_ms(call), 4)
+        chunk.FUSED_LAUNCH.update(original)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                call()
+            torch.cuda.synchronize()
+        row["kernels_us"] = {e.key[:40]: round(e.device_time_total / 3, 1) for e in prof.key_averages()
+                             if e.device_time_total > 0}
         print(json.dumps(row), flush=True)
         results.append(row)
     return results
@@ -81,4 +109,6 @@ if __name__ == "__main__":
         out["gdn"] = sweep_gdn("cuda")
     if "norm" in which:
         out["norm"] = sweep_norm("cuda")
+    if "gdn-launch" in which:
+        out["gdn-launch"] = sweep_gdn_launch("cuda")
     print(json.dumps(out))

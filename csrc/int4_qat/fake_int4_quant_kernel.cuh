@@ -123,11 +123,13 @@ __global__ void fake_int4_quant_kernel(const void* __restrict__ x, void* __restr
     float values[kPerLane];
     float low = INFINITY;
     float high = -INFINITY;
-    bool non_finite = false;
+    // x * 0 is 0 for every finite x and NaN for NaN and +-Inf: one fused multiply-add per element
+    // tracks non-finite values (fmaxf/fminf would drop a NaN).
+    float poison = 0.0f;
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) {
       values[i] = load_element<kType>(raw[g], i);
-      non_finite = non_finite || !is_finite(values[i]);
+      poison = fmaf(values[i], 0.0f, poison);
       if constexpr (kSymmetric) {
         high = fmaxf(high, fabsf(values[i]));
       } else {
@@ -136,7 +138,7 @@ __global__ void fake_int4_quant_kernel(const void* __restrict__ x, void* __restr
       }
     }
     // A non-finite group's extremes become infinite: no finite group has one.
-    high = non_finite ? INFINITY : high;
+    high = poison == 0.0f ? high : INFINITY;
     GroupStats stats = empty_stats();
     if constexpr (kSymmetric) {
       stats.max_abs = reduce_max<kSpan>(high);
@@ -173,7 +175,11 @@ __global__ void fake_int4_quant_kernel(const void* __restrict__ x, void* __restr
       for (int i = 0; i < kPerLane; ++i) {
         const float q = rounded_quotient(values[i], params.scale, reciprocal);
         const float code = kSymmetric ? clampf(q, -7.0f, 7.0f) : clampf(q + zero_point, 0.0f, 15.0f);
-        store_element<kType>(result.values, i, nan_group ? NAN : dequant(code, params));
+        if (nan_group) {
+          store_element<kType>(result.values, i, NAN);  // the canonical NaN of PyTorch
+        } else {
+          store_finite_element<kType>(result.values, i, dequant(code, params));
+        }
       }
       store_run<Storage, kPerLane, kAligned>(static_cast<Storage*>(out) + first, result);
     }

@@ -52,14 +52,13 @@ class Launcher:
             self.kernel[grid](*args, **meta)
             return
         device = torch.cuda.current_device()
-        key = (device, tuple(meta.items()), *(_arg_key(a) for a in args))
+        key = (device, *meta.values(), *map(_arg_key, args))
         entry = self._compiled.get(key)
         if entry is not None and _no_hooks():
             compiled, constexpr_tail = entry
-            stream = _current_stream(device)
             grid3 = (*grid, 1, 1)
-            compiled.run(grid3[0], grid3[1], grid3[2], stream, compiled.function, compiled.packed_metadata,
-                         None, None, None, *args, *constexpr_tail)
+            compiled.run(grid3[0], grid3[1], grid3[2], torch._C._cuda_getCurrentRawStream(device), compiled.function,
+                         compiled.packed_metadata, None, None, None, *args, *constexpr_tail)
             return
         compiled = self.kernel[grid](*args, **meta)
         if _is_compiled(compiled):
@@ -79,10 +78,12 @@ def _is_compiled(compiled: object) -> bool:
 
 
 def _no_hooks() -> bool:
+    """No launch hook is registered (a profiler such as proton adds some): the direct call skips them."""
     from triton import knobs
 
-    return knobs.runtime.launch_enter_hook is None and knobs.runtime.launch_exit_hook is None
+    return _empty(knobs.runtime.launch_enter_hook) and _empty(knobs.runtime.launch_exit_hook)
 
 
-def _current_stream(device: int) -> int:
-    return torch.cuda.current_stream(device).cuda_stream
+def _empty(hook: object) -> bool:
+    # Triton 3.6 keeps hooks in a HookChain (a list of calls); older releases in a plain attribute.
+    return hook is None or not getattr(hook, "calls", True)

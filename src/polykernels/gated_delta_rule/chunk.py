@@ -85,11 +85,17 @@ def _unused_offsets(device: torch.device) -> torch.Tensor:
     return torch.zeros(1, dtype=torch.int64, device=device)
 
 
-def launch_config(key_dim: int, value_dim: int) -> tuple[int, int, int]:
-    """(BK, BV, num_warps) of the fused and segment kernels: a K x BV fp32 state tile lives in registers."""
+# (BV, num_warps, num_stages) of the fused and segment kernels per padded K: a K x BV fp32 state
+# tile and the chunk's tiles live in registers. Chosen on the H200 (BENCHMARKS.md, "GDN launch").
+FUSED_LAUNCH: dict[int, tuple[int, int, int]] = {16: (64, 4, 2), 32: (64, 4, 2), 64: (64, 4, 2), 128: (64, 4, 2),
+                                                 256: (32, 8, 2)}
+
+
+def launch_config(key_dim: int, value_dim: int) -> tuple[int, int, int, int]:
+    """(BK, BV, num_warps, num_stages) of the fused and segment kernels."""
     block_k = _block(key_dim)
-    block_v = min(_block(value_dim), 64 if block_k <= 128 else 32)
-    return block_k, block_v, 4 if block_k <= 128 else 8
+    block_v, num_warps, num_stages = FUSED_LAUNCH[block_k]
+    return block_k, min(_block(value_dim), block_v), num_warps, num_stages
 
 
 def launch_chunk_gated_delta_rule(
@@ -120,7 +126,7 @@ def launch_chunk_gated_delta_rule(
         return o, final if output_final_state else None
 
     run = _launchers()
-    block_k, block_v, num_warps = launch_config(key_dim, value_dim)
+    block_k, block_v, num_warps, num_stages = launch_config(key_dim, value_dim)
     value_tiles = -(-value_dim // block_v)
     plan = plan_segments(num_seqs, total, value_heads, value_tiles, _sm_count(device), num_segments)
     split = plan.segments > 1
@@ -167,7 +173,7 @@ def launch_chunk_gated_delta_rule(
             (k, v, g, beta, ai, h_local, transitions, cu, seg_offsets, tokens, num_seqs, segments_per_seq,
              segment_tokens),
             **segment_shape, NV=value_tiles, L2NORM=use_qk_l2norm_in_kernel, VARLEN=varlen, LOG_N=log_n,
-            DOT_PRECISION=precision, num_warps=num_warps, num_stages=2,
+            DOT_PRECISION=precision, num_warps=num_warps, num_stages=num_stages,
         )
         run.combine(
             (value_tiles, num_seqs, value_heads),
@@ -181,7 +187,7 @@ def launch_chunk_gated_delta_rule(
          segment_tokens, scale),
         **segment_shape, L2NORM=use_qk_l2norm_in_kernel, VARLEN=varlen, LOG_N=log_n, SPLIT=split,
         HAS_INITIAL=initial_state is not None, STORE_FINAL=output_final_state, DOT_PRECISION=precision,
-        num_warps=num_warps, num_stages=2,
+        num_warps=num_warps, num_stages=num_stages,
     )
     return o, final if output_final_state else None
 

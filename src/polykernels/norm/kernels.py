@@ -122,8 +122,8 @@ def qk_rmsnorm_kernel(
 # moves enough bytes; more warps at large D, so each thread holds about 16 elements per row.
 # Chosen on the H200 (BENCHMARKS.md, "norm launch table").
 NORM_LAUNCH: dict[int, tuple[int, int]] = {
-    16: (64, 4), 32: (64, 4), 64: (32, 4), 128: (16, 4), 256: (8, 4), 512: (4, 4), 1024: (2, 4),
-    2048: (1, 4), 4096: (1, 8), 8192: (1, 16), 16384: (1, 16),
+    16: (64, 4), 32: (64, 4), 64: (32, 4), 128: (16, 4), 256: (8, 4), 512: (4, 4), 1024: (4, 4),
+    2048: (4, 8), 4096: (4, 8), 8192: (2, 16), 16384: (1, 16),
 }
 
 
