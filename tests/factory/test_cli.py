@@ -3,7 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from polykernels_build import cli, release, targets
-from polykernels_build.host import Host
+from polykernels_build.backends import Host
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,7 +35,7 @@ def test_waiver_needs_a_reason(capsys, monkeypatch, tmp_path) -> None:
 def test_auto_targets_follow_the_hardware() -> None:
     matrix = targets.load(ROOT / "targets.toml")
     names = lambda host: [t.name for t in release.resolve_targets(["auto"], matrix, host)]
-    assert names(Host(nvidia_gpu=False, rocm_archs=frozenset())) == ["cpu"]
-    assert names(Host(nvidia_gpu=True, rocm_archs=frozenset())) == ["cpu", "cuda13"]
-    assert names(Host(nvidia_gpu=False, rocm_archs=frozenset({"gfx950"}))) == ["cpu", "rocm-gfx950"]
-    assert len(release.resolve_targets(["all"], matrix, Host(False, frozenset()))) == len(matrix.targets)
+    assert names(Host(frozenset({"cpu"}))) == ["cpu"]
+    assert names(Host(frozenset({"cpu", "nvidia"}))) == ["cpu", "cuda13"]
+    assert names(Host(frozenset({"cpu", "gfx950"}))) == ["cpu", "rocm-gfx950"]
+    assert len(release.resolve_targets(["all"], matrix, Host())) == len(matrix.targets)
