@@ -133,6 +133,15 @@ def parse_rocm_archs(spec: str) -> tuple[str, ...]:
     return archs
 
 
+# backend -> (compiler finder, arch parser, arch variable, default archs, what to set when no compiler is found)
+_GPU_TOOLCHAINS = {
+    "cuda": (_find_nvcc, parse_cuda_archs, "TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCHS,
+             "nvcc was not found: set CUDA_HOME or put nvcc on PATH"),
+    "rocm": (_find_hipcc, parse_rocm_archs, "PYTORCH_ROCM_ARCH", DEFAULT_ROCM_ARCHS,
+             "hipcc was not found: set HIPCC or ROCM_PATH"),
+}
+
+
 def parse_floor(floor: object) -> tuple[int, int]:
     match = re.match(r"^(\d+)\.(\d+)$", str(floor))
     if not match:
@@ -158,18 +167,12 @@ def resolve_build(env: Mapping[str, str]) -> ExtensionBuild:
     if backend == "cpu":
         return ExtensionBuild(backend="cpu", archs=(), compiler=None, torch_target=torch_target,
                               build_info=build_info)
-    if backend == "cuda":
-        nvcc = _find_nvcc(env)
-        if nvcc is None:
-            raise BuildConfigError("POLYKERNELS_BACKEND=cuda but nvcc was not found: set CUDA_HOME or put nvcc on PATH")
-        archs = parse_cuda_archs(factory_archs or env.get("TORCH_CUDA_ARCH_LIST") or DEFAULT_CUDA_ARCHS)
-        return ExtensionBuild(backend="cuda", archs=archs, compiler=nvcc, torch_target=torch_target,
-                              build_info=build_info)
-    hipcc = _find_hipcc(env)
-    if hipcc is None:
-        raise BuildConfigError("POLYKERNELS_BACKEND=rocm but hipcc was not found: set HIPCC or ROCM_PATH")
-    archs = parse_rocm_archs(factory_archs or env.get("PYTORCH_ROCM_ARCH") or DEFAULT_ROCM_ARCHS)
-    return ExtensionBuild(backend="rocm", archs=archs, compiler=hipcc, torch_target=torch_target,
+    find, parse, variable, default, where = _GPU_TOOLCHAINS[backend]
+    compiler = find(env)
+    if compiler is None:
+        raise BuildConfigError(f"POLYKERNELS_BACKEND={backend} but {where}")
+    archs = parse(factory_archs or env.get(variable) or default)
+    return ExtensionBuild(backend=backend, archs=archs, compiler=compiler, torch_target=torch_target,
                           build_info=build_info)
 
 
