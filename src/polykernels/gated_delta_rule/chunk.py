@@ -15,10 +15,11 @@ CHUNK = 64
 MAX_HEAD_DIM = 256
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
-# Context parallelism: split sequences into segments until about this many fused programs run per
-# SM, keeping at least MIN_SEGMENT_CHUNKS chunks per segment (a segment costs a state and a K x K
-# transition pass). Measured on the H200 (BENCHMARKS.md, "segments").
-PROGRAMS_PER_SM = 4
+# Context parallelism: sequences are split only while the fused programs (N x HV x V tiles) number
+# fewer than SPLIT_BELOW x the SM count, into about one program per SM, keeping at least
+# MIN_SEGMENT_CHUNKS chunks per segment: a segment costs a state and a K x K transition pass, which
+# more programs per SM do not repay. Measured on the H200 (BENCHMARKS.md, "segments").
+SPLIT_BELOW = 0.5
 MIN_SEGMENT_CHUNKS = 8
 
 
@@ -44,10 +45,10 @@ def plan_segments(
     programs = num_seqs * value_heads * value_tiles
     if num_segments is not None:
         segments, why = num_segments, f"{num_segments} segments per sequence requested"
-    elif programs >= PROGRAMS_PER_SM * sm_count:
-        segments, why = 1, f"{programs} programs (N x HV x V tiles) fill {sm_count} SMs"
+    elif programs >= SPLIT_BELOW * sm_count:
+        segments, why = 1, f"{programs} programs (N x HV x V tiles) for {sm_count} SMs: no split"
     else:
-        wanted = -(-PROGRAMS_PER_SM * sm_count // programs)
+        wanted = -(-sm_count // programs)
         segments = max(1, min(wanted, chunks // MIN_SEGMENT_CHUNKS))
         why = (f"{programs} programs (N x HV x V tiles) for {sm_count} SMs: {segments} segments of "
                f">= {MIN_SEGMENT_CHUNKS} chunks per sequence")
@@ -87,8 +88,8 @@ def _unused_offsets(device: torch.device) -> torch.Tensor:
 
 # (BV, num_warps, num_stages) of the fused and segment kernels per padded K: a K x BV fp32 state
 # tile and the chunk's tiles live in registers. Chosen on the H200 (BENCHMARKS.md, "GDN launch").
-FUSED_LAUNCH: dict[int, tuple[int, int, int]] = {16: (64, 4, 2), 32: (64, 4, 2), 64: (64, 4, 2), 128: (64, 4, 2),
-                                                 256: (32, 8, 2)}
+FUSED_LAUNCH: dict[int, tuple[int, int, int]] = {16: (64, 4, 1), 32: (64, 4, 1), 64: (64, 4, 1), 128: (64, 4, 1),
+                                                 256: (32, 8, 1)}
 
 
 def launch_config(key_dim: int, value_dim: int) -> tuple[int, int, int, int]:

@@ -152,12 +152,9 @@ def test_segment_plan_fills_the_gpu_and_can_be_forced() -> None:
     # Qwen3.5 split 8 ways: 1 sequence x 8 value heads x 2 V tiles = 16 programs for 132 SMs.
     thin = plan_segments(1, 65536, 8, 2, 132)
     assert thin.segments > 8 and thin.segment_chunks * thin.segments >= 1024
-    # Enough programs already: no split, unless asked.
-    from polykernels.gated_delta_rule.chunk import PROGRAMS_PER_SM
-
-    batch = PROGRAMS_PER_SM * 132 // 64 + 1
-    assert plan_segments(batch, batch * 4096, 32, 2, 132).segments == 1
-    assert plan_segments(batch, batch * 4096, 32, 2, 132, num_segments=3).segments == 3
+    # B8 x 32 heads x 2 V tiles = 512 programs: no split, unless asked.
+    assert plan_segments(8, 8 * 4096, 32, 2, 132).segments == 1
+    assert plan_segments(8, 8 * 4096, 32, 2, 132, num_segments=3).segments == 3
     # Never more segments than chunks.
     assert plan_segments(1, 100, 1, 1, 132).segments == 2
 
