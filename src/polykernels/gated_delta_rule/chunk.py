@@ -16,10 +16,10 @@ MAX_HEAD_DIM = 256
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 # Context parallelism: sequences are split only while the fused programs (N x HV x V tiles) number
-# fewer than SPLIT_BELOW x the SM count, into about one program per SM, keeping at least
-# MIN_SEGMENT_CHUNKS chunks per segment: a segment costs a state and a K x K transition pass, which
-# more programs per SM do not repay. Measured on the H200 (BENCHMARKS.md, "segments").
-SPLIT_BELOW = 0.5
+# fewer than the SMs, into about PROGRAMS_PER_SM programs per SM, keeping at least MIN_SEGMENT_CHUNKS
+# chunks per segment (a segment costs a state and a K x K transition pass). From the H200 sweep
+# (BENCHMARKS.md, "segments"): the best split gave 200-500 programs at every thin shape.
+PROGRAMS_PER_SM = 2
 MIN_SEGMENT_CHUNKS = 8
 
 
@@ -45,10 +45,10 @@ def plan_segments(
     programs = num_seqs * value_heads * value_tiles
     if num_segments is not None:
         segments, why = num_segments, f"{num_segments} segments per sequence requested"
-    elif programs >= SPLIT_BELOW * sm_count:
+    elif programs >= sm_count:
         segments, why = 1, f"{programs} programs (N x HV x V tiles) for {sm_count} SMs: no split"
     else:
-        wanted = -(-sm_count // programs)
+        wanted = -(-PROGRAMS_PER_SM * sm_count // programs)
         segments = max(1, min(wanted, chunks // MIN_SEGMENT_CHUNKS))
         why = (f"{programs} programs (N x HV x V tiles) for {sm_count} SMs: {segments} segments of "
                f">= {MIN_SEGMENT_CHUNKS} chunks per sequence")

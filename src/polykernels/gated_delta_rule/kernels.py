@@ -7,9 +7,7 @@ The inference path never writes a per-chunk state to HBM:
    w = Ai (beta gamma k) and u = Ai (beta v) are never formed, because
    v_new = u - w h = Ai (beta v - (beta gamma k) h) costs one BT x BT product more per chunk.
 2. ``fused``    one program per (V tile, segment, value head): carries the state of its V tile on
-   chip across the chunks of its segment, emitting each chunk's output in the same pass. w and u
-   are formed on chip from Ai; they do not depend on the state, so only v_new = u - w h and the
-   state update lie on the sequential path.
+   chip across the chunks of its segment, emitting each chunk's output in the same pass.
 3. When N x HV x V-tiles cannot fill the GPU, each sequence is cut into segments (context
    parallelism): ``segment_state`` runs every segment but the last from a zero state and from
    the identity, giving its local final state and its state-transition operator M (K x K) in
@@ -220,8 +218,7 @@ def _load_chunk(K_ptr, G_ptr, BETA_ptr, AI_ptr, tokens, row_mask, i_h, i_hv,
 def _advance(state, state_lp, k, g, beta, ai, v, keep, DOT_PRECISION: tl.constexpr):
     """One chunk of the recurrence for one state tile: (next state, v_new, gate cumsum).
 
-    v_new = u - w h with u = Ai (beta v), w = Ai (beta gamma k); h' = h exp(g_last) + (k exp(g_last - G))^T v_new.
-    u and w do not depend on the state: only two products per chunk lie on the sequential path.
+    v_new = Ai (beta v - (beta gamma k) h); h' = h exp(g_last) + (k exp(g_last - G))^T v_new.
     """
     g = tl.where(keep, g, 0.0)
     beta = tl.where(keep, beta, 0.0)
@@ -230,9 +227,8 @@ def _advance(state, state_lp, k, g, beta, ai, v, keep, DOT_PRECISION: tl.constex
     gate_last = tl.sum(g, axis=0)
     dtype = k.dtype
     k_beta_gamma = (k.to(tl.float32) * (beta * tl.exp(gate_cumsum))[:, None]).to(dtype)
-    w = tl.dot(ai, k_beta_gamma, input_precision=DOT_PRECISION).to(dtype)
-    u = tl.dot(ai, (v.to(tl.float32) * beta[:, None]).to(dtype), input_precision=DOT_PRECISION)
-    v_new = (u - tl.dot(w, state_lp, input_precision=DOT_PRECISION)).to(dtype)
+    t = v.to(tl.float32) * beta[:, None] - tl.dot(k_beta_gamma, state_lp, input_precision=DOT_PRECISION)
+    v_new = tl.dot(ai, t.to(dtype), input_precision=DOT_PRECISION).to(dtype)
     k_decayed = (k.to(tl.float32) * tl.exp(gate_last - gate_cumsum)[:, None]).to(dtype)
     state = state * tl.exp(gate_last) + tl.dot(tl.trans(k_decayed), v_new, input_precision=DOT_PRECISION)
     return state, v_new, gate_cumsum, k
