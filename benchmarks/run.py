@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.registry import FAMILIES
-from benchmarks.timing import copy_bandwidth_gbs, graph_ms, median_ms
+from benchmarks.timing import copy_bandwidth_gbs, graph_ms, host_us, median_ms
 
 
 def versions() -> dict[str, str | None]:
@@ -42,9 +42,10 @@ def run(families: list[str], device: str) -> dict[str, object]:
             times = {}
             for impl, fn in case.implementations.items():
                 label = f"{case.family} {case.name} {impl}"
-                times[impl] = (_time(fn, median_ms, label + " (eager)"), _time(fn, graph_ms, label + " (graph)"))
-            ours_eager, ours_graph = times.get("polykernels", (None, None))
-            for impl, (eager, graph) in times.items():
+                times[impl] = (_time(fn, median_ms, label + " (eager)"), _time(fn, graph_ms, label + " (graph)"),
+                               _time(fn, host_us, label + " (host)"))
+            ours_eager, ours_graph, _ = times.get("polykernels", (None, None, None))
+            for impl, (eager, graph, host) in times.items():
                 best = graph or eager
                 if best is None:
                     continue
@@ -52,14 +53,15 @@ def run(families: list[str], device: str) -> dict[str, object]:
                 rows.append({
                     "family": case.family, "case": case.name, "impl": impl,
                     "eager_ms": round(eager, 4) if eager else None, "graph_ms": round(graph, 4) if graph else None,
-                    "host_overhead_us": round((eager - graph) * 1e3, 1) if eager and graph else None,
+                    "host_us": round(host, 1) if host else None,
                     "gb_per_s": round(gbs, 1), "pct_of_copy": round(100 * gbs / copy, 1),
                     "tflop_per_s": round(case.flops / (best * 1e-3) / 1e12, 1) if case.flops else None,
                     "polykernels_speedup_eager": round(eager / ours_eager, 2) if eager and ours_eager else None,
                     "polykernels_speedup_graph": round(graph / ours_graph, 2) if graph and ours_graph else None,
                 })
                 print(f"{case.family:22} {case.name:36} {impl:32} eager {eager or float('nan'):8.4f} ms  "
-                      f"graph {graph or float('nan'):8.4f} ms {gbs:8.1f} GB/s", flush=True)
+                      f"graph {graph or float('nan'):8.4f} ms  host {host or float('nan'):6.1f} us {gbs:8.1f} GB/s",
+                      flush=True)
             torch.cuda.empty_cache()
     return {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -86,7 +88,7 @@ def to_markdown(result: dict[str, object]) -> str:
         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in result["rows"]:  # type: ignore[union-attr]
-        cells = [row["family"], row["case"], row["impl"], row["eager_ms"], row["graph_ms"], row["host_overhead_us"],
+        cells = [row["family"], row["case"], row["impl"], row["eager_ms"], row["graph_ms"], row["host_us"],
                  row["gb_per_s"], row["pct_of_copy"], row["tflop_per_s"], row["polykernels_speedup_eager"],
                  row["polykernels_speedup_graph"]]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
