@@ -69,7 +69,7 @@ def _cuda_sm_count(device_index: int) -> int:
 @functools.cache
 def _launchers() -> SimpleNamespace:
     from polykernels._launch import Launcher
-    from polykernels.gated_delta_rule import kernels
+    from polykernels.gated_delta_rule import kernels, scan_kernels
 
     return SimpleNamespace(
         plan=Launcher(kernels.gdn_plan_kernel),
@@ -77,6 +77,9 @@ def _launchers() -> SimpleNamespace:
         segment_state=Launcher(kernels.gdn_segment_state_kernel),
         combine=Launcher(kernels.gdn_combine_kernel),
         fused=Launcher(kernels.gdn_fused_kernel),
+        wu=Launcher(scan_kernels.gdn_wu_kernel),
+        scan=Launcher(scan_kernels.gdn_scan_kernel),
+        output=Launcher(scan_kernels.gdn_output_kernel),
     )
 
 
@@ -90,6 +93,13 @@ def _unused_offsets(device: torch.device) -> torch.Tensor:
 # tile and the chunk's tiles live in registers. Chosen on the H200 (BENCHMARKS.md, "GDN launch").
 FUSED_LAUNCH: dict[int, tuple[int, int, int]] = {16: (64, 4, 1), 32: (64, 4, 1), 64: (64, 4, 1), 128: (64, 4, 1),
                                                  256: (32, 8, 1)}
+
+
+# V tiles of the scan path's (wu, scan, output) kernels per padded K: narrow scan tiles, since the
+# sequential scan's parallelism is N x HV x V / BV programs; one V tile per output program, so the
+# q.k^T scores are computed once per chunk (measured on the H200 before this table was a table).
+SCAN_BLOCK_V: dict[int, tuple[int, int, int]] = {16: (64, 32, 128), 32: (64, 32, 128), 64: (64, 32, 128),
+                                                 128: (64, 32, 128), 256: (64, 16, 64)}
 
 
 def launch_config(key_dim: int, value_dim: int) -> tuple[int, int, int, int]:
@@ -155,6 +165,13 @@ def launch_chunk_gated_delta_rule(
         max_segments = num_seqs * segments_per_seq
     segment_tokens = segment_chunks * CHUNK
 
+    initial = initial_state.float().contiguous() if initial_state is not None else final
+    if not split:
+        _launch_scan_path(q, k, v, g, beta, scale, initial, o, final, cu, chunk_offsets, max_chunks, num_seqs,
+                          has_initial=initial_state is not None, output_final_state=output_final_state,
+                          varlen=varlen, l2norm=use_qk_l2norm_in_kernel, log_n=log_n, precision=precision)
+        return o, final if output_final_state else None
+
     ai = torch.empty(total, value_heads, CHUNK, dtype=q.dtype, device=device)
     run.prepare(
         (max_chunks, value_heads),
@@ -162,35 +179,74 @@ def launch_chunk_gated_delta_rule(
         **shape, BT=CHUNK, BK=block_k, L2NORM=use_qk_l2norm_in_kernel, VARLEN=varlen, LOG_N=log_n,
         DOT_PRECISION=precision, num_warps=4, num_stages=1,
     )
-    initial = initial_state.float().contiguous() if initial_state is not None else final
     segment_shape = {**shape, "V": value_dim, "BT": CHUNK, "BK": block_k, "BV": block_v}
-    h_init = final
-    if split:
-        h_local = torch.empty(max_segments, value_heads, key_dim, value_dim, dtype=torch.float32, device=device)
-        transitions = torch.empty(max_segments, value_heads, key_dim, key_dim, dtype=torch.float32, device=device)
-        h_init = torch.empty_like(h_local)
-        run.segment_state(
-            (value_tiles + -(-key_dim // block_v), max_segments, value_heads),
-            (k, v, g, beta, ai, h_local, transitions, cu, seg_offsets, tokens, num_seqs, segments_per_seq,
-             segment_tokens),
-            **segment_shape, NV=value_tiles, L2NORM=use_qk_l2norm_in_kernel, VARLEN=varlen, LOG_N=log_n,
-            DOT_PRECISION=precision, num_warps=num_warps, num_stages=num_stages,
-        )
-        run.combine(
-            (value_tiles, num_seqs, value_heads),
-            (initial, h_local, transitions, h_init, cu, seg_offsets, num_seqs, segments_per_seq),
-            HV=value_heads, K=key_dim, V=value_dim, BK=block_k, BV=block_v, KB=32,
-            HAS_INITIAL=initial_state is not None, VARLEN=varlen, DOT_PRECISION=precision, num_warps=4, num_stages=1,
-        )
+    h_local = torch.empty(max_segments, value_heads, key_dim, value_dim, dtype=torch.float32, device=device)
+    transitions = torch.empty(max_segments, value_heads, key_dim, key_dim, dtype=torch.float32, device=device)
+    h_init = torch.empty_like(h_local)
+    run.segment_state(
+        (value_tiles + -(-key_dim // block_v), max_segments, value_heads),
+        (k, v, g, beta, ai, h_local, transitions, cu, seg_offsets, tokens, num_seqs, segments_per_seq,
+         segment_tokens),
+        **segment_shape, NV=value_tiles, L2NORM=use_qk_l2norm_in_kernel, VARLEN=varlen, LOG_N=log_n,
+        DOT_PRECISION=precision, num_warps=num_warps, num_stages=num_stages,
+    )
+    run.combine(
+        (value_tiles, num_seqs, value_heads),
+        (initial, h_local, transitions, h_init, cu, seg_offsets, num_seqs, segments_per_seq),
+        HV=value_heads, K=key_dim, V=value_dim, BK=block_k, BV=block_v, KB=32,
+        HAS_INITIAL=initial_state is not None, VARLEN=varlen, DOT_PRECISION=precision, num_warps=4, num_stages=1,
+    )
     run.fused(
         (value_tiles, max_segments, value_heads),
         (q, k, v, g, beta, ai, initial, h_init, final, o, cu, seg_offsets, tokens, num_seqs, segments_per_seq,
          segment_tokens, scale),
-        **segment_shape, L2NORM=use_qk_l2norm_in_kernel, VARLEN=varlen, LOG_N=log_n, SPLIT=split,
+        **segment_shape, L2NORM=use_qk_l2norm_in_kernel, VARLEN=varlen, LOG_N=log_n, SPLIT=True,
         HAS_INITIAL=initial_state is not None, STORE_FINAL=output_final_state, DOT_PRECISION=precision,
         num_warps=num_warps, num_stages=num_stages,
     )
     return o, final if output_final_state else None
+
+
+def _launch_scan_path(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, scale: float,
+    initial: torch.Tensor, o: torch.Tensor, final: torch.Tensor, cu: torch.Tensor, chunk_offsets: torch.Tensor,
+    max_chunks: int, num_seqs: int, *, has_initial: bool, output_final_state: bool, varlen: bool, l2norm: bool,
+    log_n: int, precision: str,
+) -> None:
+    """Many sequences x heads: chunk states through HBM, two products per chunk on the sequential path."""
+    run = _launchers()
+    batch, tokens, heads, key_dim = q.shape
+    value_heads, value_dim = v.shape[2], v.shape[3]
+    total, device, dtype = batch * tokens, q.device, q.dtype
+    block_k, block_v = _block(key_dim), _block(value_dim)
+    chunks_per_seq = -(-tokens // CHUNK)
+    gate_cumsum = torch.empty(total, value_heads, dtype=torch.float32, device=device)
+    w = torch.empty(total, value_heads, key_dim, dtype=dtype, device=device)
+    u = torch.empty(total, value_heads, value_dim, dtype=dtype, device=device)
+    v_new = torch.empty_like(u)
+    first_bad = torch.empty(max_chunks, value_heads, dtype=torch.int32, device=device)
+    states = torch.empty(max_chunks, value_heads, key_dim, value_dim, dtype=dtype, device=device)
+    shape = {"H": heads, "HV": value_heads, "K": key_dim, "V": value_dim, "BT": CHUNK, "BK": block_k}
+    wu_bv, scan_bv, output_bv = SCAN_BLOCK_V[block_k]
+    wu_bv, scan_bv, output_bv = min(block_v, wu_bv), min(block_v, scan_bv), min(block_v, output_bv)
+    common = {"L2NORM": l2norm, "VARLEN": varlen, "DOT_PRECISION": precision}
+    run.wu(
+        (max_chunks, value_heads),
+        (k, v, g, beta, w, u, gate_cumsum, first_bad, cu, chunk_offsets, tokens, num_seqs, chunks_per_seq),
+        **shape, BV=wu_bv, NV=-(-value_dim // wu_bv), LOG_N=log_n, **common, num_warps=4, num_stages=1,
+    )
+    run.scan(
+        (-(-value_dim // scan_bv), num_seqs, value_heads),
+        (k, w, u, gate_cumsum, first_bad, initial, final, states, v_new, cu, chunk_offsets, tokens, num_seqs,
+         chunks_per_seq),
+        **shape, BV=scan_bv, HAS_INITIAL=has_initial, STORE_FINAL=output_final_state, **common, num_warps=4,
+        num_stages=1,
+    )
+    run.output(
+        (max_chunks, -(-value_dim // output_bv), value_heads),
+        (q, k, gate_cumsum, first_bad, states, v_new, o, cu, chunk_offsets, tokens, num_seqs, chunks_per_seq, scale),
+        **shape, BV=output_bv, LOG_N=log_n, **common, num_warps=4, num_stages=1,
+    )
 
 
 @torch.library.custom_op("polykernels::chunk_gated_delta_rule", mutates_args=())

@@ -131,14 +131,9 @@ def gdn_plan_kernel(CU, CHUNK_OFFSETS, SEG_OFFSETS, N, SEG_CHUNKS, BT: tl.conste
 
 
 @triton.jit
-def gdn_prepare_kernel(
-    K_ptr, G_ptr, BETA_ptr, AI_ptr, CU, CHUNK_OFFSETS, T, N, CHUNKS_PER_SEQ,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    L2NORM: tl.constexpr, VARLEN: tl.constexpr, LOG_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):
-    i_c = tl.program_id(0).to(tl.int64)
-    i_hv = tl.program_id(1).to(tl.int64)
-    i_h = i_hv // (HV // H)
+def _chunk_span(i_c, CU, CHUNK_OFFSETS, T, N, CHUNKS_PER_SEQ, BT: tl.constexpr, VARLEN: tl.constexpr,
+                LOG_N: tl.constexpr):
+    """(first token, valid rows) of chunk i_c; 0 rows past the last chunk of packed sequences."""
     if VARLEN:
         n = _find(CHUNK_OFFSETS, i_c, N, LOG_N)
         chunk_start = tl.load(CU + n).to(tl.int64) + (i_c - tl.load(CHUNK_OFFSETS + n)) * BT
@@ -148,8 +143,18 @@ def gdn_prepare_kernel(
         n = i_c // CHUNKS_PER_SEQ
         chunk_start = n * T + (i_c % CHUNKS_PER_SEQ) * BT
         length = tl.minimum(n * T + T - chunk_start, BT)
+    return chunk_start, length
 
-    # The chunk as two halves of HB rows: (I + A)^-1 = [[X11, 0], [-X22 A21 X11, X22]].
+
+@triton.jit
+def _half_chunk_inverse(K_ptr, G_ptr, BETA_ptr, chunk_start, length, i_h, i_hv,
+                        H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                        L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """The chunk as two halves of BT/2 rows: (I + A)^-1 = [[X11, 0], [X21 = -X22 A21 X11, X22]].
+
+    Rows from the first one whose k, g or beta is non-finite on are zeroed first (their outputs
+    become NaN later). Returns the halves' k, beta and gate cumsums, X11, X21, X22 and that row.
+    """
     tl.static_assert(BT == 64, "the half-chunk inverse is written for BT = 64")
     HB: tl.constexpr = BT // 2
     r = tl.arange(0, HB)
@@ -166,7 +171,6 @@ def gdn_prepare_kernel(
     k1 = _l2norm_rows(k1, L2NORM)
     k2 = _l2norm_rows(k2, L2NORM)
 
-    # Rows from the first non-finite one on take no part (their outputs become NaN in `fused`).
     bad1 = _bad_rows(k1) | _bad(g1) | _bad(b1)
     bad2 = _bad_rows(k2) | _bad(g2) | _bad(b2)
     first_bad = tl.minimum(tl.min(tl.where(bad1, rows1, BT), axis=0), tl.min(tl.where(bad2, rows2, BT), axis=0))
@@ -189,7 +193,25 @@ def gdn_prepare_kernel(
     x11 = _unit_lower_inverse(a11, HB, HALF_INVERSE_LEVELS, DOT_PRECISION)
     x22 = _unit_lower_inverse(a22, HB, HALF_INVERSE_LEVELS, DOT_PRECISION)
     x21 = -tl.dot(tl.dot(x22, a21, input_precision=DOT_PRECISION), x11, input_precision=DOT_PRECISION)
+    return k1, k2, b1, b2, gc1, gc2, x11, x21, x22, first_bad
 
+
+@triton.jit
+def gdn_prepare_kernel(
+    K_ptr, G_ptr, BETA_ptr, AI_ptr, CU, CHUNK_OFFSETS, T, N, CHUNKS_PER_SEQ,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    L2NORM: tl.constexpr, VARLEN: tl.constexpr, LOG_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    i_c = tl.program_id(0).to(tl.int64)
+    i_hv = tl.program_id(1).to(tl.int64)
+    i_h = i_hv // (HV // H)
+    chunk_start, length = _chunk_span(i_c, CU, CHUNK_OFFSETS, T, N, CHUNKS_PER_SEQ, BT, VARLEN, LOG_N)
+    _k1, _k2, _b1, _b2, _gc1, _gc2, x11, x21, x22, _first_bad = _half_chunk_inverse(
+        K_ptr, G_ptr, BETA_ptr, chunk_start, length, i_h, i_hv, H, HV, K, BT, BK, L2NORM, DOT_PRECISION)
+
+    HB: tl.constexpr = BT // 2
+    r = tl.arange(0, HB)
+    rows1, rows2 = r, r + HB
     dtype = AI_ptr.dtype.element_ty
     ai1 = AI_ptr + ((chunk_start + rows1) * HV + i_hv)[:, None] * BT + r[None, :]
     ai2 = AI_ptr + ((chunk_start + rows2) * HV + i_hv)[:, None] * BT + r[None, :]

@@ -1,7 +1,7 @@
 """Registers the gated-delta-rule kernels with polykernels.kernel_registry (Qwen3-Next's shapes).
 
-Packed sequences (VARLEN) and the context-parallel path are the specializations registered:
-they compile every branch of the segment arithmetic.
+Packed sequences (VARLEN), the context-parallel (fused) path and the scan path are the
+specializations registered: they compile every branch of the segment and chunk arithmetic.
 """
 
 from polykernels.gated_delta_rule.guards import dot_precision
@@ -61,5 +61,37 @@ register(KernelSpec(
                **_constexpr("H", "HV", "K", "V", "BT", "BK", "BV", "L2NORM", "VARLEN", "LOG_N", "SPLIT",
                             "HAS_INITIAL", "STORE_FINAL", "DOT_PRECISION")},
     constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": 64, "SPLIT": True, "HAS_INITIAL": True, "STORE_FINAL": True},
+    platform_constexprs=_precision,
+))
+
+_SCAN_MODULE = "polykernels.gated_delta_rule.scan_kernels"
+register(KernelSpec(
+    name="gdn_wu", module=_SCAN_MODULE, function="gdn_wu_kernel",
+    signature={"K_ptr": "*bf16", "V_ptr": "*bf16", "G_ptr": "*fp32", "BETA_ptr": "*bf16", "W_ptr": "*bf16",
+               "U_ptr": "*bf16", "GC_ptr": "*fp32", "BAD_ptr": "*i32", "CU": "*i32", "CHUNK_OFFSETS": "*i64",
+               "T": "i32", "N": "i32", "CHUNKS_PER_SEQ": "i32",
+               **_constexpr("H", "HV", "K", "V", "BT", "BK", "BV", "NV", "L2NORM", "VARLEN", "LOG_N",
+                            "DOT_PRECISION")},
+    constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": 64, "NV": 2},
+    platform_constexprs=_precision,
+))
+register(KernelSpec(
+    name="gdn_scan", module=_SCAN_MODULE, function="gdn_scan_kernel",
+    signature={"K_ptr": "*bf16", "W_ptr": "*bf16", "U_ptr": "*bf16", "GC_ptr": "*fp32", "BAD_ptr": "*i32",
+               "H0_ptr": "*fp32", "HT_ptr": "*fp32", "HS_ptr": "*bf16", "VNEW_ptr": "*bf16", "CU": "*i32",
+               "CHUNK_OFFSETS": "*i64", "T": "i32", "N": "i32", "CHUNKS_PER_SEQ": "i32",
+               **_constexpr("H", "HV", "K", "V", "BT", "BK", "BV", "L2NORM", "VARLEN", "HAS_INITIAL", "STORE_FINAL",
+                            "DOT_PRECISION")},
+    constexprs={**_SHAPE, "V": 128, "BV": 32, "L2NORM": True, "VARLEN": True, "HAS_INITIAL": True,
+                "STORE_FINAL": True},
+    platform_constexprs=_precision,
+))
+register(KernelSpec(
+    name="gdn_output", module=_SCAN_MODULE, function="gdn_output_kernel",
+    signature={"Q_ptr": "*bf16", "K_ptr": "*bf16", "GC_ptr": "*fp32", "BAD_ptr": "*i32", "HS_ptr": "*bf16",
+               "VNEW_ptr": "*bf16", "O_ptr": "*bf16", "CU": "*i32", "CHUNK_OFFSETS": "*i64", "T": "i32", "N": "i32",
+               "CHUNKS_PER_SEQ": "i32", "scale": "fp32",
+               **_constexpr("H", "HV", "K", "V", "BT", "BK", "BV", "L2NORM", "VARLEN", "LOG_N", "DOT_PRECISION")},
+    constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": 128},
     platform_constexprs=_precision,
 ))

@@ -155,8 +155,9 @@ def test_segment_plan_fills_the_gpu_and_can_be_forced() -> None:
     # B8 x 32 heads x 2 V tiles = 512 programs: no split, unless asked.
     assert plan_segments(8, 8 * 4096, 32, 2, 132).segments == 1
     assert plan_segments(8, 8 * 4096, 32, 2, 132, num_segments=3).segments == 3
-    # Never more segments than chunks.
-    assert plan_segments(1, 100, 1, 1, 132).segments == 2
+    # Never more segments than chunks, nor segments shorter than MIN_SEGMENT_CHUNKS unless asked.
+    assert plan_segments(1, 100, 1, 1, 132, num_segments=5).segments == 2
+    assert plan_segments(1, 100, 1, 1, 132).segments == 1
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -329,7 +330,8 @@ def test_kernels_compile_for_amd(target: str) -> None:
     # MI300X / MI355X code objects from this CPU: no kernel of the op is CUDA-only.
     from polykernels.kernel_registry import probe
 
-    for kernel in ("gdn_plan", "gdn_prepare", "gdn_segment_state", "gdn_combine", "gdn_fused"):
+    for kernel in ("gdn_plan", "gdn_prepare", "gdn_segment_state", "gdn_combine", "gdn_fused", "gdn_wu", "gdn_scan",
+                   "gdn_output"):
         result = probe(kernel, target)
         assert result.compiled and result.consistent, result.detail
 
