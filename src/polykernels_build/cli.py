@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from polykernels_build import build_step, gate, host, publish, release, serve, targets
+from polykernels_build import build_step, gate, host, publish, release, release_verbs, serve, targets, workflow_matrix
 from polykernels_build.errors import ConfigError, FatalError
 from polykernels_build.log import Reporter
 from polykernels_build.settings import Settings
@@ -71,6 +71,9 @@ def _parser(settings: Settings) -> argparse.ArgumentParser:
     rel.add_argument("--index", type=Path)
     with_publish_options(rel)
     rel.add_argument("--allow-unpinned", action="store_true")
+    rel.add_argument("--dry-run", action="store_true", help="print the plan a tag push runs in GitHub Actions")
+    rel.add_argument("--waivers", default="", help="with --dry-run: the workflow's waive input, TARGET=reason;...")
+    release_verbs.add_parsers(verbs, settings)
     verbs.add_parser("schema", help="write targets.schema.json for editors")
     verbs.add_parser("matrix", help="print the targets as JSON (for CI job matrices)")
     return parser
@@ -87,6 +90,12 @@ def _release_table(outcomes: list[release.TargetOutcome]) -> Table:
 
 def run_verb(args: argparse.Namespace, settings: Settings, reporter: Reporter) -> int:
     matrix = targets.load(args.targets_file)
+    if args.verb in release_verbs.VERBS:
+        return release_verbs.run(args, settings, matrix, reporter)
+    if args.verb == "release" and args.dry_run:
+        print(workflow_matrix.render(workflow_matrix.plan(
+            matrix, waivers=workflow_matrix.parse_waivers(args.waivers, matrix), dry_run=False)))
+        return 0
     if args.verb == "schema":
         path = settings.root / "targets.schema.json"
         path.write_text(json.dumps(targets.json_schema(), indent=2) + "\n")
@@ -167,7 +176,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         code = exc.return_code
     if reporter.rows and args.verb != "release":
         reporter.summary(args.verb)
-    elif args.verb == "release":
+    elif args.verb == "release" and not args.dry_run:
         reporter.summary("steps")
     return code
 
