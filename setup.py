@@ -1,6 +1,9 @@
 """Build of polykernels' one C++ extension, `polykernels/_C.abi3.so`, for CPU, CUDA or ROCm.
 
-Everything the build needs is resolved once, from the environment, into `ExtensionBuild`:
+Everything the build needs is resolved once into `ExtensionBuild`. When the factory builds, it
+comes from one place: ``POLYKERNELS_BUILD_INFO``, the manifest the factory writes from the
+target in targets.toml (backend, archs, ``torch_floor`` = the ``TORCH_TARGET_VERSION`` compiled
+in). The variables below, and the defaults, serve a plain ``pip install .`` only:
 
 - ``POLYKERNELS_BACKEND``: ``cpu``, ``cuda`` or ``rocm``. Unset: ``rocm`` when the build's torch is
   a ROCm build, ``cuda`` when nvcc is found (``CUDA_HOME`` or the PATH), else ``cpu``.
@@ -10,8 +13,8 @@ Everything the build needs is resolved once, from the environment, into `Extensi
   against instead of the build Python's torch (builder images unpack one from a torch wheel,
   whatever its Python tag).
 - ``POLYKERNELS_COMPILER_LAUNCHER``: a command put before every compile (``ccache``).
-- ``POLYKERNELS_BUILD_INFO``: JSON written by the factory (target, variant, git sha, image
-  digest); its ``variant`` becomes the local version label (``0.1.0+cu130``).
+- ``POLYKERNELS_BUILD_INFO``: JSON written by the factory (target, backend, archs, torch floor,
+  variant, git sha, image digest); its ``variant`` becomes the local version label (``0.1.0+cu130``).
 
 The extension uses only PyTorch's stable ABI (``TORCH_TARGET_VERSION``): torch is needed for
 its headers and the sonames of libtorch, libtorch_cpu and libc10, never for its GPU build.
@@ -40,9 +43,10 @@ DEFAULT_CUDA_ARCHS = "8.0;9.0;10.0;12.0+PTX"
 DEFAULT_ROCM_ARCHS = "gfx942;gfx950"
 KNOWN_ROCM_ARCHS = frozenset({"gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1200", "gfx1201"})
 CUDA_ARCH_PATTERN = re.compile(r"^(\d+)\.(\d+)(a|f)?(\+PTX)?$")
-# The stable-ABI version the binary promises to work with (u64: major, minor, patch, 5 zero bytes).
-# HIP needs 2.13: before it the stream accessor is CUDA-named and lives in libtorch_hip only.
-TORCH_TARGET = {"cpu": (2, 11), "cuda": (2, 11), "rocm": (2, 13)}
+# The stable-ABI version a plain `pip install .` promises (u64: major, minor, patch, 5 zero bytes).
+# Factory builds take it from the target's torch_floor instead. HIP needs 2.13: before it the
+# stream accessor is CUDA-named and lives in libtorch_hip only.
+DEFAULT_TORCH_TARGET = {"cpu": (2, 11), "cuda": (2, 11), "rocm": (2, 13)}
 CPU_SOURCES = ["csrc/int4_qat/fake_int4_quant_cpu.cpp"]
 GPU_SOURCES = ["csrc/int4_qat/fake_int4_quant_gpu.cu"]
 
@@ -129,9 +133,26 @@ def parse_rocm_archs(spec: str) -> tuple[str, ...]:
     return archs
 
 
+# backend -> (compiler finder, arch parser, arch variable, default archs, what to set when no compiler is found)
+_GPU_TOOLCHAINS = {
+    "cuda": (_find_nvcc, parse_cuda_archs, "TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCHS,
+             "nvcc was not found: set CUDA_HOME or put nvcc on PATH"),
+    "rocm": (_find_hipcc, parse_rocm_archs, "PYTORCH_ROCM_ARCH", DEFAULT_ROCM_ARCHS,
+             "hipcc was not found: set HIPCC or ROCM_PATH"),
+}
+
+
+def parse_floor(floor: object) -> tuple[int, int]:
+    match = re.match(r"^(\d+)\.(\d+)$", str(floor))
+    if not match:
+        raise BuildConfigError(f"POLYKERNELS_BUILD_INFO: torch_floor {floor!r} must be MAJOR.MINOR")
+    return int(match.group(1)), int(match.group(2))
+
+
 def resolve_build(env: Mapping[str, str]) -> ExtensionBuild:
     build_info = json.loads(env.get("POLYKERNELS_BUILD_INFO") or "{}")
-    backend = env.get("POLYKERNELS_BACKEND", "").strip().lower()
+    from_factory = "backend" in build_info
+    backend = str(build_info["backend"] if from_factory else env.get("POLYKERNELS_BACKEND", "")).strip().lower()
     if not backend:
         if _torch_is_rocm():
             backend = "rocm"
@@ -139,24 +160,20 @@ def resolve_build(env: Mapping[str, str]) -> ExtensionBuild:
             backend = "cuda"
         else:
             backend = "cpu"
+    if backend not in DEFAULT_TORCH_TARGET:
+        raise BuildConfigError(f"POLYKERNELS_BACKEND: unknown backend {backend!r}; expected cpu, cuda or rocm")
+    torch_target = parse_floor(build_info["torch_floor"]) if from_factory else DEFAULT_TORCH_TARGET[backend]
+    factory_archs = ";".join(build_info.get("archs") or []) if from_factory else None
     if backend == "cpu":
-        return ExtensionBuild(backend="cpu", archs=(), compiler=None, torch_target=TORCH_TARGET["cpu"],
+        return ExtensionBuild(backend="cpu", archs=(), compiler=None, torch_target=torch_target,
                               build_info=build_info)
-    if backend == "cuda":
-        nvcc = _find_nvcc(env)
-        if nvcc is None:
-            raise BuildConfigError("POLYKERNELS_BACKEND=cuda but nvcc was not found: set CUDA_HOME or put nvcc on PATH")
-        archs = parse_cuda_archs(env.get("TORCH_CUDA_ARCH_LIST") or DEFAULT_CUDA_ARCHS)
-        return ExtensionBuild(backend="cuda", archs=archs, compiler=nvcc, torch_target=TORCH_TARGET["cuda"],
-                              build_info=build_info)
-    if backend == "rocm":
-        hipcc = _find_hipcc(env)
-        if hipcc is None:
-            raise BuildConfigError("POLYKERNELS_BACKEND=rocm but hipcc was not found: set HIPCC or ROCM_PATH")
-        archs = parse_rocm_archs(env.get("PYTORCH_ROCM_ARCH") or DEFAULT_ROCM_ARCHS)
-        return ExtensionBuild(backend="rocm", archs=archs, compiler=hipcc, torch_target=TORCH_TARGET["rocm"],
-                              build_info=build_info)
-    raise BuildConfigError(f"POLYKERNELS_BACKEND: unknown backend {backend!r}; expected cpu, cuda or rocm")
+    find, parse, variable, default, where = _GPU_TOOLCHAINS[backend]
+    compiler = find(env)
+    if compiler is None:
+        raise BuildConfigError(f"POLYKERNELS_BACKEND={backend} but {where}")
+    archs = parse(factory_archs or env.get(variable) or default)
+    return ExtensionBuild(backend=backend, archs=archs, compiler=compiler, torch_target=torch_target,
+                          build_info=build_info)
 
 
 def nvcc_arch_flags(archs: tuple[str, ...]) -> list[str]:

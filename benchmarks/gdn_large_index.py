@@ -1,9 +1,9 @@
-"""The >2^31-element check on a GPU: one long run vs the same tokens in chained segments.
+"""The >2^31-element check on a GPU: one long run vs the same tokens in chained pieces.
 
-HV = 32, K = V = 128: the kernel's per-chunk state buffer [chunks, HV, K, V] passes 2^31
-elements past 4096 chunks (262,144 tokens). An int32 offset there reads out of bounds or
-wraps; the segmented run keeps every buffer small, so it is a reference that needs no dense
-fp64 recurrence.
+HV = 32, K = V = 128: q, k, v and o [1, T, 32, 128] pass 2^31 elements beyond 524,288 tokens.
+An int32 offset there reads out of bounds or wraps. The long run takes the context-parallel
+(segmented) path; each piece is below 2^31 elements, so the chained run is a reference that
+needs no dense fp64 recurrence.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import time
 import torch
 
 
-def run_large_index_check(tokens: int = 4096 * 64 + 4096, device: str = "cuda", segments: int = 4) -> dict:
+def run_large_index_check(tokens: int = 2**31 // (32 * 128) + 4096, device: str = "cuda", segments: int = 4) -> dict:
     from polykernels.gated_delta_rule import chunk_gated_delta_rule
+    from polykernels.gated_delta_rule.chunk import launch_config, plan_segments
 
     heads, dim = 32, 128
     gen = torch.Generator(device=device).manual_seed(0)
@@ -38,10 +39,12 @@ def run_large_index_check(tokens: int = 4096 * 64 + 4096, device: str = "cuda", 
                                           beta[:, begin:end], initial_state=state, output_final_state=True)
         errors += float((o.double() - full_o[:, begin:end].double()).pow(2).sum())
         sq_ref += float(o.double().pow(2).sum())
-    chunks = -(-tokens // 64)
+    tiles = -(-dim // launch_config(dim, dim)[1])
+    plan = plan_segments(1, tokens, heads, tiles, torch.cuda.get_device_properties(device).multi_processor_count)
     return {
         "tokens": tokens,
-        "state_elements": chunks * heads * dim * dim,
+        "elements": tokens * heads * dim,
+        "segments": plan.segments,
         "o_error": (errors / sq_ref) ** 0.5,
         "state_error": float((state - full_state).pow(2).mean().sqrt() / full_state.pow(2).mean().sqrt()),
         "full_run_seconds": round(full_seconds, 3),
@@ -51,5 +54,5 @@ def run_large_index_check(tokens: int = 4096 * 64 + 4096, device: str = "cuda", 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--tokens", type=int, default=4096 * 64 + 4096)
+    parser.add_argument("--tokens", type=int, default=2**31 // (32 * 128) + 4096)
     print(json.dumps(run_large_index_check(parser.parse_args().tokens)))

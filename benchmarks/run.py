@@ -12,18 +12,26 @@ from pathlib import Path
 import torch
 
 from benchmarks.registry import FAMILIES
-from benchmarks.timing import copy_bandwidth_gbs, median_ms
+from benchmarks.timing import copy_bandwidth_gbs, graph_ms, host_us, median_ms
 
 
 def versions() -> dict[str, str | None]:
     found: dict[str, str | None] = {"python": sys.version.split()[0], "cuda": torch.version.cuda,
                                     "hip": getattr(torch.version, "hip", None)}
-    for name in ("torch", "triton", "polykernels", "fla-core"):
+    for name in ("torch", "triton", "polykernels", "fla-core", "liger-kernel"):
         try:
             found[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             found[name] = None
     return found
+
+
+def _time(fn: object, clock: object, label: str) -> float | None:
+    try:
+        return clock(fn)
+    except Exception as exc:  # a peer that fails to run (or to be captured) is reported, not fatal
+        print(f"{label}: {type(exc).__name__}: {str(exc)[:300]}", file=sys.stderr)
+        return None
 
 
 def run(families: list[str], device: str) -> dict[str, object]:
@@ -33,20 +41,27 @@ def run(families: list[str], device: str) -> dict[str, object]:
         for case in FAMILIES[family](device):
             times = {}
             for impl, fn in case.implementations.items():
-                try:
-                    times[impl] = median_ms(fn)
-                except Exception as exc:  # a peer that fails to run is reported, not fatal
-                    print(f"{case.family} {case.name} {impl}: {type(exc).__name__}: {exc}", file=sys.stderr)
-            ours = times.get("polykernels")
-            for impl, ms in times.items():
-                gbs = case.bytes_moved / (ms * 1e-3) / 1e9
+                label = f"{case.family} {case.name} {impl}"
+                times[impl] = (_time(fn, median_ms, label + " (eager)"), _time(fn, graph_ms, label + " (graph)"),
+                               _time(fn, host_us, label + " (host)"))
+            ours_eager, ours_graph, _ = times.get("polykernels", (None, None, None))
+            for impl, (eager, graph, host) in times.items():
+                best = graph or eager
+                if best is None:
+                    continue
+                gbs = case.bytes_moved / (best * 1e-3) / 1e9
                 rows.append({
-                    "family": case.family, "case": case.name, "impl": impl, "ms": round(ms, 4),
+                    "family": case.family, "case": case.name, "impl": impl,
+                    "eager_ms": round(eager, 4) if eager else None, "graph_ms": round(graph, 4) if graph else None,
+                    "host_us": round(host, 1) if host else None,
                     "gb_per_s": round(gbs, 1), "pct_of_copy": round(100 * gbs / copy, 1),
-                    "tflop_per_s": round(case.flops / (ms * 1e-3) / 1e12, 1) if case.flops else None,
-                    "speedup_of_polykernels": round(ms / ours, 2) if ours else None,
+                    "tflop_per_s": round(case.flops / (best * 1e-3) / 1e12, 1) if case.flops else None,
+                    "polykernels_speedup_eager": round(eager / ours_eager, 2) if eager and ours_eager else None,
+                    "polykernels_speedup_graph": round(graph / ours_graph, 2) if graph and ours_graph else None,
                 })
-                print(f"{case.family:24} {case.name:30} {impl:22} {ms:9.4f} ms {gbs:8.1f} GB/s", flush=True)
+                print(f"{case.family:22} {case.name:36} {impl:32} eager {eager or float('nan'):8.4f} ms  "
+                      f"graph {graph or float('nan'):8.4f} ms  host {host or float('nan'):6.1f} us {gbs:8.1f} GB/s",
+                      flush=True)
             torch.cuda.empty_cache()
     return {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -58,19 +73,25 @@ def run(families: list[str], device: str) -> dict[str, object]:
     }
 
 
+def _cell(value: object) -> str:
+    return "" if value is None else str(value)
+
+
 def to_markdown(result: dict[str, object]) -> str:
     lines = [
         f"Measured {result['date']} on {result['device']}; versions {json.dumps(result['versions'])}; "
         f"copy roofline {result['copy_gb_per_s']} GB/s (same run). Command: `{result['command']}`.",
+        "GB/s, % of copy and TFLOP/s from the CUDA-graph (GPU) time; speedup = peer time / polykernels time.",
         "",
-        "| op | case | implementation | ms | GB/s | % of copy | TFLOP/s | polykernels speedup |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
+        "| op | case | implementation | eager ms | GPU ms | host us | GB/s | % of copy | TFLOP/s "
+        "| polykernels speedup (eager) | (GPU) |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in result["rows"]:  # type: ignore[union-attr]
-        lines.append(
-            f"| {row['family']} | {row['case']} | {row['impl']} | {row['ms']} | {row['gb_per_s']} | "
-            f"{row['pct_of_copy']} | {row['tflop_per_s'] or ''} | {row['speedup_of_polykernels'] or ''} |"
-        )
+        cells = [row["family"], row["case"], row["impl"], row["eager_ms"], row["graph_ms"], row["host_us"],
+                 row["gb_per_s"], row["pct_of_copy"], row["tflop_per_s"], row["polykernels_speedup_eager"],
+                 row["polykernels_speedup_graph"]]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,4 +1,10 @@
-"""Timing and the memory-bandwidth roofline, measured in the same run as every row."""
+"""Timing and the memory-bandwidth roofline, measured in the same run as every row.
+
+Three clocks per implementation: ``eager_ms`` is what eager code sees (``do_bench``: host overhead
+included whenever the Python path is slower than the kernel), ``graph_ms`` is GPU time alone
+(``do_bench_cudagraph``: the call captured once in a CUDA graph and replayed) and ``host_us`` is the
+host time of one call (issued while the GPU is busy).
+"""
 
 from __future__ import annotations
 
@@ -13,9 +19,33 @@ def median_ms(fn: Callable[[], object], warmup: int = 10, rep: int = 50) -> floa
     return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
 
 
+def graph_ms(fn: Callable[[], object], rep: int = 50) -> float:
+    import triton.testing
+
+    fn()  # compile and autotune outside the capture
+    torch.cuda.synchronize()
+    return float(triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median"))
+
+
+def host_us(fn: Callable[[], object], calls: int = 50) -> float:
+    """Host time per call: the GPU is kept busy by a sleep kernel while the calls are issued, so
+    the wall time of the loop is Python and launch cost alone (a call that synchronizes shows it)."""
+    import time
+
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # about 0.1 s of GPU time ahead of the calls
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
 def copy_bandwidth_gbs(device: str = "cuda", gib: float = 1.0) -> float:
     """Device-to-device copy, bytes read plus bytes written: the roofline every row is compared to."""
     src = torch.empty(int(gib * 2**30), dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    ms = median_ms(lambda: dst.copy_(src))
+    ms = graph_ms(lambda: dst.copy_(src))
     return 2 * src.numel() / (ms * 1e-3) / 1e9

@@ -24,7 +24,7 @@ namespace {
 using torch::stable::Tensor;
 
 constexpr int kThreadsPerBlock = 256;
-constexpr int64_t kMaxBlocks = int64_t{1} << 20;  // grid-stride beyond this
+constexpr int64_t kMaxBlocks = (int64_t{1} << 31) - 1;  // CUDA grid.x limit
 
 pk_stream_t current_stream(int32_t device_index) {
 #if TORCH_FEATURE_VERSION >= PK_STABLE_2_13
@@ -37,25 +37,39 @@ pk_stream_t current_stream(int32_t device_index) {
 #endif
 }
 
-template <ElementType kType, int kPerLane, bool kCodes>
-void launch(const Tensor& x, Tensor& out, Tensor& scale, Tensor& zero, bool symmetric, pk_stream_t stream) {
+template <ElementType kType, int kGroupSize, bool kCodes, bool kSymmetric>
+void launch(const Tensor& x, Tensor& out, Tensor& scale, Tensor& zero, pk_stream_t stream) {
+  constexpr int kPerLane = per_lane<kType, kGroupSize>();
+  constexpr int64_t kGroupsPerBlock =
+      int64_t{kThreadsPerBlock} / PK_GROUP_LANES * (PK_GROUP_LANES / (kGroupSize / kPerLane)) * kGroupsInFlight;
   const int64_t num_groups = scale.numel();
-  const int64_t groups_per_block = kThreadsPerBlock / PK_GROUP_LANES * kGroupsInFlight;
-  const int64_t blocks = std::min((num_groups + groups_per_block - 1) / groups_per_block, kMaxBlocks);
+  // One trip per lane: enough blocks in flight to cover every SM many times for any real tensor.
+  const int64_t blocks = (num_groups + kGroupsPerBlock - 1) / kGroupsPerBlock;
+  STD_TORCH_CHECK(blocks <= kMaxBlocks, "fake_int4_quant: tensor too large for one launch (", num_groups, " groups)");
   constexpr uintptr_t kXAlign = uintptr_t{ElementBytes<kType>::value} * kPerLane;
   constexpr uintptr_t kOutAlign = kCodes ? uintptr_t{kPerLane} : kXAlign;
   const bool aligned = reinterpret_cast<uintptr_t>(x.data_ptr()) % kXAlign == 0 &&
                        reinterpret_cast<uintptr_t>(out.data_ptr()) % kOutAlign == 0;
   auto* scale_ptr = static_cast<float*>(scale.data_ptr());
   auto* zero_ptr = static_cast<int8_t*>(zero.data_ptr());
+  const auto grid = static_cast<unsigned int>(blocks);
   if (aligned) {
-    fake_int4_quant_kernel<kType, kPerLane, kCodes, true><<<blocks, kThreadsPerBlock, 0, stream>>>(
-        x.data_ptr(), out.data_ptr(), scale_ptr, zero_ptr, num_groups, symmetric);
+    fake_int4_quant_kernel<kType, kGroupSize, kCodes, kSymmetric, true><<<grid, kThreadsPerBlock, 0, stream>>>(
+        x.data_ptr(), out.data_ptr(), scale_ptr, zero_ptr, num_groups);
   } else {
-    fake_int4_quant_kernel<kType, kPerLane, kCodes, false><<<blocks, kThreadsPerBlock, 0, stream>>>(
-        x.data_ptr(), out.data_ptr(), scale_ptr, zero_ptr, num_groups, symmetric);
+    fake_int4_quant_kernel<kType, kGroupSize, kCodes, kSymmetric, false><<<grid, kThreadsPerBlock, 0, stream>>>(
+        x.data_ptr(), out.data_ptr(), scale_ptr, zero_ptr, num_groups);
   }
   PK_CHECK_LAUNCH("fake_int4_quant_kernel");
+}
+
+template <ElementType kType, int kGroupSize, bool kCodes>
+void dispatch_mode(const Tensor& x, Tensor& out, Tensor& scale, Tensor& zero, bool symmetric, pk_stream_t stream) {
+  if (symmetric) {
+    launch<kType, kGroupSize, kCodes, true>(x, out, scale, zero, stream);
+  } else {
+    launch<kType, kGroupSize, kCodes, false>(x, out, scale, zero, stream);
+  }
 }
 
 template <ElementType kType, bool kCodes>
@@ -63,13 +77,13 @@ void dispatch_group_size(const Tensor& x, Tensor& out, Tensor& scale, Tensor& ze
                          bool symmetric, pk_stream_t stream) {
   switch (group_size) {
     case 32:
-      return launch<kType, 1, kCodes>(x, out, scale, zero, symmetric, stream);
+      return dispatch_mode<kType, 32, kCodes>(x, out, scale, zero, symmetric, stream);
     case 64:
-      return launch<kType, 2, kCodes>(x, out, scale, zero, symmetric, stream);
+      return dispatch_mode<kType, 64, kCodes>(x, out, scale, zero, symmetric, stream);
     case 128:
-      return launch<kType, 4, kCodes>(x, out, scale, zero, symmetric, stream);
+      return dispatch_mode<kType, 128, kCodes>(x, out, scale, zero, symmetric, stream);
     default:
-      return launch<kType, 8, kCodes>(x, out, scale, zero, symmetric, stream);
+      return dispatch_mode<kType, 256, kCodes>(x, out, scale, zero, symmetric, stream);
   }
 }
 

@@ -1,8 +1,14 @@
-// Device kernel: a 32-lane group handles kGroupsInFlight quantization groups per loop trip.
-// Each lane owns a contiguous run of group_size / 32 elements of every group (one vector load
-// when aligned); all the loads of a trip are issued before any reduction, so enough bytes are
-// in flight to keep HBM busy. The lanes then reduce min / max / max|x| / non-finite with XOR
-// butterflies, and every lane writes its own outputs.
+// Device kernel: every lane loads 16 bytes of a quantization group per access, so a group
+// spans group_bytes / 16 lanes (4 to 32) and a 32-lane set works on several groups at once;
+// kGroupsInFlight such sets of loads are issued before any reduction, so each lane keeps
+// 64 bytes in flight. The lanes of a group reduce with XOR butterflies over their own span
+// (masks below the span keep the exchange inside it), one value per step in symmetric mode
+// (max|x|, with non-finite groups raised to +inf) and two in asymmetric mode (min, max).
+//
+// x / scale, rounded to an integer, is the only per-element division of the spec. It is taken
+// as x * (1 / scale): that product is within 2^-22 |q| of the correctly rounded quotient q, so
+// its rounding to an integer can differ only when it lies that close to a half-integer; there,
+// and only there, the IEEE division is done as well. Bits stay equal to the CPU kernel's.
 #pragma once
 
 #include <type_traits>
@@ -12,25 +18,38 @@
 
 namespace polykernels::int4 {
 
-// Quantization groups a 32-lane group keeps in flight (loads issued back to back).
+// Sets of 32 lanes' loads issued back to back before the first reduction.
 constexpr int kGroupsInFlight = 4;
+constexpr int kLaneBytes = 16;
 
 template <typename T, int kCount>
 struct alignas(sizeof(T) * kCount) Pack {
   T values[kCount];
 };
 
-__device__ inline GroupStats reduce_group(GroupStats stats) {
+// Elements per lane: one 16-byte access, or more where a group would need more than 32 lanes.
+template <ElementType kType, int kGroupSize>
+PK_HOST_DEVICE constexpr int per_lane() {
+  constexpr int vector = kLaneBytes / ElementBytes<kType>::value;
+  return kGroupSize / vector > PK_GROUP_LANES ? kGroupSize / PK_GROUP_LANES : vector;
+}
+
+template <int kSpan>
+__device__ inline float reduce_max(float value) {
 #pragma unroll
-  for (int lane_mask = PK_GROUP_LANES / 2; lane_mask > 0; lane_mask /= 2) {
-    GroupStats other;
-    other.min_value = PK_SHFL_XOR32(stats.min_value, lane_mask);
-    other.max_value = PK_SHFL_XOR32(stats.max_value, lane_mask);
-    other.max_abs = PK_SHFL_XOR32(stats.max_abs, lane_mask);
-    other.non_finite = PK_SHFL_XOR32(static_cast<int>(stats.non_finite), lane_mask) != 0;
-    merge(stats, other);
+  for (int lane_mask = kSpan / 2; lane_mask > 0; lane_mask /= 2) {
+    value = fmaxf(value, PK_SHFL_XOR32(value, lane_mask));
   }
-  return stats;
+  return value;
+}
+
+template <int kSpan>
+__device__ inline float reduce_min(float value) {
+#pragma unroll
+  for (int lane_mask = kSpan / 2; lane_mask > 0; lane_mask /= 2) {
+    value = fminf(value, PK_SHFL_XOR32(value, lane_mask));
+  }
+  return value;
 }
 
 template <typename T, int kPerLane, bool kAligned>
@@ -57,66 +76,112 @@ __device__ inline void store_run(T* __restrict__ target, const Pack<T, kPerLane>
   }
 }
 
-// kPerLane = group_size / 32. kAligned: x and out allow one vector access per lane.
-template <ElementType kType, int kPerLane, bool kCodes, bool kAligned>
-__global__ void fake_int4_quant_kernel(const void* __restrict__ x, void* __restrict__ out,
-                                       float* __restrict__ scale, int8_t* __restrict__ zero,
-                                       int64_t num_groups, bool symmetric) {
-  using Storage = std::conditional_t<kType == ElementType::kFloat32, float, uint16_t>;
-  constexpr int64_t kGroupSize = int64_t{kPerLane} * PK_GROUP_LANES;
-  const int lane = static_cast<int>(threadIdx.x) % PK_GROUP_LANES;
-  const int64_t lane_groups_per_block = blockDim.x / PK_GROUP_LANES;
-  const int64_t trip_stride = static_cast<int64_t>(gridDim.x) * lane_groups_per_block * kGroupsInFlight;
-  int64_t first_group =
-      (static_cast<int64_t>(blockIdx.x) * lane_groups_per_block + threadIdx.x / PK_GROUP_LANES) * kGroupsInFlight;
+// rint(value / scale), bit-equal to the IEEE division's, from a multiply by the reciprocal.
+__device__ inline float rounded_quotient(float value, float scale, float reciprocal) {
+  const float approx = value * reciprocal;
+  const float half = floorf(approx) + 0.5f;
+  // 2^-20: four times the largest distance between the product and the rounded quotient.
+  if (fabsf(approx - half) > fabsf(approx) * 9.5367431640625e-07f) {
+    return rintf(approx);
+  }
+  return rintf(value / scale);  // near a tie (or non-finite): the spec's division itself
+}
 
-  for (; first_group < num_groups; first_group += trip_stride) {
-    // Group indices are uniform across the 32 lanes, so every branch below is lane-uniform.
-    Storage raw[kGroupsInFlight][kPerLane];
+template <ElementType kType, int kGroupSize, bool kCodes, bool kSymmetric, bool kAligned>
+__global__ void fake_int4_quant_kernel(const void* __restrict__ x, void* __restrict__ out,
+                                       float* __restrict__ scale, int8_t* __restrict__ zero, int64_t num_groups) {
+  using Storage = std::conditional_t<kType == ElementType::kFloat32, float, uint16_t>;
+  constexpr int kPerLane = per_lane<kType, kGroupSize>();
+  constexpr int kSpan = kGroupSize / kPerLane;  // lanes per group
+  constexpr int kGroupsPerSet = PK_GROUP_LANES / kSpan;
+  const int lane = static_cast<int>(threadIdx.x) % PK_GROUP_LANES;
+  const int set_in_block = static_cast<int>(threadIdx.x) / PK_GROUP_LANES;
+  const int64_t sets_per_block = blockDim.x / PK_GROUP_LANES;
+  const int64_t first_group =
+      (static_cast<int64_t>(blockIdx.x) * sets_per_block + set_in_block) * kGroupsPerSet * kGroupsInFlight +
+      lane / kSpan;
+  const int64_t lane_offset = int64_t{lane % kSpan} * kPerLane;
+
+  Storage raw[kGroupsInFlight][kPerLane];
 #pragma unroll
-    for (int g = 0; g < kGroupsInFlight; ++g) {
-      const int64_t group = first_group + g;
-      if (group < num_groups) {
-        load_run<Storage, kPerLane, kAligned>(static_cast<const Storage*>(x) + group * kGroupSize +
-                                                  int64_t{lane} * kPerLane,
-                                              raw[g]);
-      }
-    }
-#pragma unroll
-    for (int g = 0; g < kGroupsInFlight; ++g) {
-      const int64_t group = first_group + g;
-      if (group >= num_groups) {
-        break;
-      }
-      float values[kPerLane];
-      GroupStats stats = empty_stats();
+  for (int g = 0; g < kGroupsInFlight; ++g) {
+    const int64_t group = first_group + int64_t{g} * kGroupsPerSet;
+    if (group < num_groups) {
+      load_run<Storage, kPerLane, kAligned>(static_cast<const Storage*>(x) + group * kGroupSize + lane_offset,
+                                            raw[g]);
+    } else {
 #pragma unroll
       for (int i = 0; i < kPerLane; ++i) {
-        values[i] = load_element<kType>(raw[g], i);
-        accumulate(stats, values[i]);
+        raw[g][i] = 0;
       }
-      stats = reduce_group(stats);
-      const GroupParams params = group_params(stats, symmetric);
-      if (lane == 0) {
-        scale[group] = params.scale;
-        zero[group] = static_cast<int8_t>(params.zero);
-      }
-      const int64_t first = group * kGroupSize + int64_t{lane} * kPerLane;
-      if constexpr (kCodes) {
-        Pack<int8_t, kPerLane> codes;
+    }
+  }
 #pragma unroll
-        for (int i = 0; i < kPerLane; ++i) {
-          codes.values[i] = is_nan(params.scale) ? 0 : static_cast<int8_t>(quant_code(values[i], params, symmetric));
-        }
-        store_run<int8_t, kPerLane, kAligned>(static_cast<int8_t*>(out) + first, codes);
+  for (int g = 0; g < kGroupsInFlight; ++g) {
+    // Every lane takes part in the shuffles, also past the last group (it only skips stores).
+    const int64_t group = first_group + int64_t{g} * kGroupsPerSet;
+    float values[kPerLane];
+    float low = INFINITY;
+    float high = -INFINITY;
+    // x * 0 is 0 for every finite x and NaN for NaN and +-Inf: one fused multiply-add per element
+    // tracks non-finite values (fmaxf/fminf would drop a NaN).
+    float poison = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      values[i] = load_element<kType>(raw[g], i);
+      poison = fmaf(values[i], 0.0f, poison);
+      if constexpr (kSymmetric) {
+        high = fmaxf(high, fabsf(values[i]));
       } else {
-        Pack<Storage, kPerLane> result;
-#pragma unroll
-        for (int i = 0; i < kPerLane; ++i) {
-          store_element<kType>(result.values, i, fake_quant(values[i], params, symmetric));
-        }
-        store_run<Storage, kPerLane, kAligned>(static_cast<Storage*>(out) + first, result);
+        low = fminf(low, values[i]);
+        high = fmaxf(high, values[i]);
       }
+    }
+    // A non-finite group's extremes become infinite: no finite group has one.
+    high = poison == 0.0f ? high : INFINITY;
+    GroupStats stats = empty_stats();
+    if constexpr (kSymmetric) {
+      stats.max_abs = reduce_max<kSpan>(high);
+      stats.non_finite = !is_finite(stats.max_abs);
+    } else {
+      stats.max_value = reduce_max<kSpan>(high);
+      stats.min_value = reduce_min<kSpan>(low);
+      stats.non_finite = !is_finite(stats.max_value);
+    }
+    const GroupParams params = group_params(stats, kSymmetric);
+    if (group >= num_groups) {
+      continue;
+    }
+    if (lane % kSpan == 0) {
+      scale[group] = params.scale;
+      zero[group] = static_cast<int8_t>(params.zero);
+    }
+    const int64_t first = group * kGroupSize + lane_offset;
+    const float reciprocal = 1.0f / params.scale;
+    const float zero_point = static_cast<float>(params.zero);
+    const bool nan_group = is_nan(params.scale);
+    if constexpr (kCodes) {
+      Pack<int8_t, kPerLane> codes;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        const float q = rounded_quotient(values[i], params.scale, reciprocal);
+        const float code = kSymmetric ? clampf(q, -7.0f, 7.0f) : clampf(q + zero_point, 0.0f, 15.0f);
+        codes.values[i] = nan_group ? 0 : static_cast<int8_t>(code);
+      }
+      store_run<int8_t, kPerLane, kAligned>(static_cast<int8_t*>(out) + first, codes);
+    } else {
+      Pack<Storage, kPerLane> result;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        const float q = rounded_quotient(values[i], params.scale, reciprocal);
+        const float code = kSymmetric ? clampf(q, -7.0f, 7.0f) : clampf(q + zero_point, 0.0f, 15.0f);
+        if (nan_group) {
+          store_element<kType>(result.values, i, NAN);  // the canonical NaN of PyTorch
+        } else {
+          store_finite_element<kType>(result.values, i, dequant(code, params));
+        }
+      }
+      store_run<Storage, kPerLane, kAligned>(static_cast<Storage*>(out) + first, result);
     }
   }
 }

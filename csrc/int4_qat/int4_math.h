@@ -108,6 +108,19 @@ PK_HOST_DEVICE inline void store_element(void* base, int64_t index, float value)
   }
 }
 
+// store_element for a value known to be finite: the vendor's one-instruction round-to-nearest-even
+// conversion where there is one (portable.h); the same bits as float_to_bf16 / float_to_half.
+template <ElementType kType>
+PK_HOST_DEVICE inline void store_finite_element(void* base, int64_t index, float value) {
+  if constexpr (kType == ElementType::kFloat32) {
+    static_cast<float*>(base)[index] = value;
+  } else if constexpr (kType == ElementType::kFloat16) {
+    static_cast<uint16_t*>(base)[index] = PK_FINITE_TO_HALF(value);
+  } else {
+    static_cast<uint16_t*>(base)[index] = PK_FINITE_TO_BF16(value);
+  }
+}
+
 template <ElementType kType>
 struct ElementBytes {
   static constexpr int value = kType == ElementType::kFloat32 ? 4 : 2;

@@ -10,6 +10,9 @@ from polykernels._version import __version__
 
 
 def _check_installed_wheel() -> None:
+    """The import-time check: torch version and vendor, from ``torch.version`` alone. It touches no
+    GPU (fork-based workers started later keep working); the device's arch is checked when a guard
+    first asks for the platform, before the first launch, and by `polykernels info`."""
     import torch
 
     from polykernels import _manifest, platform
@@ -17,11 +20,7 @@ def _check_installed_wheel() -> None:
     info = _manifest.load_build_info()
     if info is None:
         return
-    if info.backend == "cpu":
-        seen = platform.Platform(backend="cpu", arch=None, device_name=None, warp_size=1, runtime_version=None)
-    else:
-        seen = platform.current()
-    _manifest.check(info, seen, torch.__version__)
+    _manifest.check(info, platform.compiled_for(), torch.__version__)
 
 
 _check_installed_wheel()

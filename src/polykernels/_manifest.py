@@ -2,7 +2,11 @@
 
 A wheel built for one vendor, arch set or torch floor must refuse to run anywhere else with
 an ImportError that names the install command for the right wheel, never with an
-`undefined symbol` or a silently wrong kernel.
+`undefined symbol` or a silently wrong kernel. At import only torch's version and vendor are
+compared (``check``); the device's arch when the device is first used (``check_device``).
+
+The factory writes ``index_url`` (``<root>/<variant>/simple``, from targets.toml or the release's
+--index-url) into every manifest, so the command names the index of the variant that fits.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ from typing import Any
 from polykernels.platform import Platform
 
 BUILD_INFO_PATH = Path(__file__).with_name("_build_info.json")
-INDEX_PLACEHOLDER = "<index-url>"
 
 
 class IncompatibleWheelError(ImportError):
@@ -61,9 +64,22 @@ def variant_for(platform: Platform) -> str:
     return "cpu"
 
 
+def index_for(info: BuildInfo, variant: str) -> str | None:
+    """The index of ``variant``, next to the one this wheel was published in."""
+    if not info.index_url:
+        return None
+    own = f"/{info.variant}/simple"
+    root = info.index_url.rstrip("/")
+    root = root[: -len(own)] if info.variant and root.endswith(own) else root
+    return f"{root}/{variant}/simple"
+
+
 def install_command(info: BuildInfo, platform: Platform) -> str:
-    index = info.index_url or INDEX_PLACEHOLDER
-    return f"pip install --force-reinstall --index-url {index}/{variant_for(platform)}/simple polykernels"
+    index = index_for(info, variant_for(platform))
+    if index is None:  # a local build: it was not published anywhere
+        variant = variant_for(platform)
+        return f"pip install --force-reinstall polykernels from the {variant} index (<your index>/{variant}/simple)"
+    return f"pip install --force-reinstall --index-url {index} polykernels"
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
@@ -104,6 +120,11 @@ def problems(info: BuildInfo, platform: Platform, torch_version: str) -> list[st
     found: list[str] = []
     if _version_tuple(torch_version) < _version_tuple(info.torch_floor):
         found.append(f"it needs torch >= {info.torch_floor}, but torch {torch_version} is installed")
+    return found + _platform_problems(info, platform)
+
+
+def _platform_problems(info: BuildInfo, platform: Platform) -> list[str]:
+    found: list[str] = []
     if info.backend == "cuda" and platform.backend == "rocm":
         found.append(f"it is a CUDA build ({info.variant}) but torch is a ROCm build (HIP {platform.runtime_version})")
     elif info.backend == "rocm" and platform.backend == "cuda":
@@ -116,12 +137,24 @@ def problems(info: BuildInfo, platform: Platform, torch_version: str) -> list[st
     return found
 
 
+def check_device(info: BuildInfo | None, platform: Platform) -> None:
+    """The arch check, made once the device has been queried (before the first launch)."""
+    if info is None or info.backend == "cpu":  # a CPU wheel promises no device code
+        return
+    found = _platform_problems(info, platform)
+    if found:
+        _refuse(info, platform, found)
+
+
 def check(info: BuildInfo | None, platform: Platform, torch_version: str) -> None:
     if info is None:  # a source checkout: nothing was promised
         return
     found = problems(info, platform, torch_version)
-    if not found:
-        return
+    if found:
+        _refuse(info, platform, found)
+
+
+def _refuse(info: BuildInfo, platform: Platform, found: list[str]) -> None:
     if len(found) == 1 and found[0].startswith("it needs torch"):
         fix = f"upgrade torch: pip install --upgrade 'torch>={info.torch_floor}'"
     else:

@@ -6,40 +6,32 @@ The platform seen, the build manifest, and which path each op takes here and why
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
-from collections.abc import Callable
 
 from polykernels import _manifest, platform
 from polykernels.suites.report import package_versions
 
+FAMILIES = ("polykernels.quant.guards", "polykernels.gated_delta_rule.guards", "polykernels.norm.guards")
 
-def _op_paths() -> dict[str, Callable[[], tuple[str, str]]]:
-    from polykernels.gated_delta_rule.guards import describe as gdn_describe
-    from polykernels.norm.guards import describe as norm_describe
-    from polykernels.quant.guards import choose_path as quant_path
 
-    device = "cuda" if platform.current().is_gpu else "cpu"
-
-    def quant() -> tuple[str, str]:
-        choice = quant_path(device)
-        return choice.path, choice.reason
-
-    return {"fake_int4_quant": quant, **gdn_describe(), **norm_describe()}
+def op_choices() -> dict[str, platform.Choice]:
+    """Each op family's own describe(): the path each op takes here and why."""
+    choices: dict[str, platform.Choice] = {}
+    for family in FAMILIES:
+        choices.update(importlib.import_module(family).describe())
+    return choices
 
 
 def collect() -> dict[str, object]:
     info = _manifest.load_build_info()
-    seen = platform.current()
-    paths = {}
-    for op, describe in _op_paths().items():
-        path, reason = describe()
-        paths[op] = {"path": path, "reason": reason}
+    seen = platform.current()  # queries the device, and checks the wheel's archs against it
     return {
         "platform": dataclasses.asdict(seen),
         "capabilities": {name: fn() for name, fn in platform.CAPABILITIES.items()},
         "versions": package_versions(),
         "build": dataclasses.asdict(info) if info else "source tree (no _build_info.json)",
-        "ops": paths,
+        "ops": {op: dataclasses.asdict(choice) for op, choice in op_choices().items()},
     }
 
 

@@ -1,8 +1,10 @@
 """What polykernels is running on: backend, device arch, warp size and capabilities.
 
-Decided lazily from torch and cached; importing this module imports no vendor module and
-touches no GPU. Every capability is a function to call (``has_inline_ptx()``), never a
-module constant, so a test can swap the platform with ``use(...)`` and nothing goes stale.
+Decided lazily from torch and cached: the device is first queried when a guard first needs it
+(before the first launch) or by `polykernels info`, never at import, so a process that imports
+polykernels can still fork workers that use the GPU. Every capability is a function to call
+(``has_inline_ptx()``), never a module constant, so a test can swap the platform with
+``use(...)`` and nothing goes stale. ``Choice`` is what every op family's guard returns.
 """
 
 from __future__ import annotations
@@ -15,6 +17,19 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 Backend = Literal["cuda", "rocm", "cpu"]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Which implementation an op takes here, and why: read by the launcher, `polykernels info`
+    and the compile matrix alike."""
+
+    path: str  # e.g. "ptx", "triton", "torch", "cpu-kernel", "gpu-kernel", "unavailable"
+    reason: str
+
+    @property
+    def ok(self) -> bool:
+        return self.path != "unavailable"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,7 +73,33 @@ _override: Platform | None = None
 def _detected() -> Platform:
     import torch
 
-    return detect(torch)
+    from polykernels import _manifest
+
+    seen = detect(torch)
+    _manifest.check_device(_manifest.load_build_info(), seen)  # the arch check, at first use of the device
+    return seen
+
+
+def compiled_for() -> Platform:
+    """The platform torch was built for, from ``torch.version`` alone (no device query): what the
+    import-time check compares the wheel with."""
+    import torch
+
+    hip, cuda = getattr(torch.version, "hip", None), getattr(torch.version, "cuda", None)
+    backend: Backend = "rocm" if hip else "cuda" if cuda else "cpu"
+    return Platform(backend=backend, arch=None, device_name=None, warp_size=64 if hip else 32 if cuda else 1,
+                    runtime_version=hip or cuda)
+
+
+def for_triton_target(target: str) -> Platform:
+    """The platform a Triton target ("cuda:90", "hip:gfx942") stands for: the compile matrix asks
+    each family's guard about it."""
+    backend, arch = target.split(":", maxsplit=1)
+    if backend == "cuda":
+        return Platform(backend="cuda", arch=f"sm_{arch}", device_name=None, warp_size=32, runtime_version=None)
+    if backend == "hip":
+        return Platform(backend="rocm", arch=arch, device_name=None, warp_size=64, runtime_version=None)
+    raise ValueError(f"unknown Triton target {target!r}; expected cuda:NN or hip:gfxNNN")
 
 
 def current() -> Platform:
@@ -68,7 +109,7 @@ def current() -> Platform:
 
 @contextlib.contextmanager
 def use(platform: Platform) -> Iterator[Platform]:
-    """Pretend to run on ``platform`` (tests, and `polykernels info --as`)."""
+    """Run as if on ``platform``: the compile matrix asks guards about each target this way (and tests do)."""
     global _override
     previous, _override = _override, platform
     try:
@@ -104,6 +145,12 @@ def has_tf32_dots() -> bool:
 
 
 def has_triton() -> bool:
+    return _triton_installed()
+
+
+@functools.cache
+def _triton_installed() -> bool:
+    # Looked up once: a package search costs about as much as a kernel launch.
     return importlib.util.find_spec("triton") is not None
 
 

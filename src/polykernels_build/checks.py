@@ -3,20 +3,20 @@ coverage, and undefined symbols limited to torch's stable C ABI and the GPU runt
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import shutil
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from polykernels_build import backends
+from polykernels_build.dist import Wheel
 from polykernels_build.errors import CheckError
 from polykernels_build.targets import Target
 from polykernels_build.tools import run
 
 SYSTEM_VERSIONS = ("@GLIBC_", "@GLIBCXX_", "@CXXABI_", "@GCC_")
-RUNTIME_PREFIXES = {"cuda": ("cuda", "__cuda"), "rocm": ("hip", "__hip"), "cpu": ()}
 STABLE_HEADER_DIRS = ("torch/csrc/stable/c", "torch/csrc/inductor/aoti_torch/c")
 STABLE_NAME = re.compile(r"\b((?:aoti_torch|torch)_[A-Za-z0-9_]+)\s*\(")
 # std:: entities (mangled _ZSt..., _ZNSt..., _ZNKSt...): the C++ runtime's, not torch's ABI.
@@ -30,11 +30,6 @@ class CheckResult:
     detail: str
 
 
-def wheel_members(wheel: Path) -> list[str]:
-    with zipfile.ZipFile(wheel) as archive:
-        return archive.namelist()
-
-
 def extract(wheel: Path, member_suffix: str, destination: Path) -> Path:
     with zipfile.ZipFile(wheel) as archive:
         names = [n for n in archive.namelist() if n.endswith(member_suffix) or Path(n).name.startswith(member_suffix)]
@@ -43,12 +38,9 @@ def extract(wheel: Path, member_suffix: str, destination: Path) -> Path:
         return Path(archive.extract(names[0], destination))
 
 
-def check_manifest(wheel: Path, target: Target) -> CheckResult:
-    with zipfile.ZipFile(wheel) as archive:
-        try:
-            info = json.loads(archive.read("polykernels/_build_info.json"))
-        except KeyError:
-            return CheckResult("manifest", False, "polykernels/_build_info.json is missing")
+def check_manifest(wheel: Wheel, target: Target) -> CheckResult:
+    info = wheel.manifest
+    with zipfile.ZipFile(wheel.path) as archive:
         metadata_name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
         metadata = archive.read(metadata_name).decode()
     version = re.search(r"^Version: (\S+)$", metadata, re.M)
@@ -57,6 +49,8 @@ def check_manifest(wheel: Path, target: Target) -> CheckResult:
                 "archs": list(target.archs), "torch_floor": target.torch_floor}
     wrong = {k: info.get(k) for k, v in expected.items() if info.get(k) != v}
     problems = [f"manifest {k}={v!r}, target says {expected[k]!r}" for k, v in wrong.items()]
+    if not info.get("index_url"):
+        problems.append("manifest has no index_url (a refusal at import could not say where to install from)")
     label = "" if target.pypi else f"+{target.variant}"
     labelled_right = "+" not in file_version if target.pypi else file_version.endswith(label)
     if not version or version.group(1) != file_version or not labelled_right:
@@ -65,54 +59,15 @@ def check_manifest(wheel: Path, target: Target) -> CheckResult:
     return CheckResult("manifest", not problems, "; ".join(problems) or f"{file_version}, {info['image_digest'][:19]}")
 
 
-def check_size(wheel: Path, target: Target) -> CheckResult:
-    size_mib = wheel.stat().st_size / 2**20
+def check_size(wheel: Wheel, target: Target) -> CheckResult:
+    size_mib = wheel.size / 2**20
     return CheckResult("size", size_mib <= target.size_budget_mib,
                        f"{size_mib:.2f} MiB (budget {target.size_budget_mib} MiB)")
 
 
-def expected_device_code(target: Target) -> set[str]:
-    if target.backend == "rocm":
-        return set(target.archs)
-    expected = set()
-    for arch in target.archs:
-        number = arch.split("+")[0].replace(".", "")
-        expected.add(f"sm_{number}")
-        if arch.endswith("+PTX"):
-            expected.add(f"compute_{number}")
-    return expected
-
-
-def cuobjdump() -> str:
-    found = shutil.which("cuobjdump")
-    if found:
-        return found
-    spec = importlib.util.find_spec("nvidia")
-    for root in spec.submodule_search_locations if spec and spec.submodule_search_locations else []:
-        for candidate in Path(root).glob("*/bin/cuobjdump"):
-            return str(candidate)
-    raise CheckError("cuobjdump not found", hint="pip install nvidia-cuda-cuobjdump (the factory dependency group)")
-
-
-def device_code(so: Path, target: Target, builder_image: str, log: Path) -> set[str]:
-    """The GPU code objects inside the extension: sm_XX cubins and compute_XX PTX, or gfx code objects."""
-    if target.backend == "cuda":
-        out = run([cuobjdump(), "--list-elf", "--list-ptx", str(so)], log=log)
-        found = {f"sm_{m}" for m in re.findall(r"ELF file\s+\d+:.*\.sm_(\w+)\.cubin", out)}
-        return found | {f"compute_{m}" for m in re.findall(r"PTX file\s+\d+:.*\.sm_(\w+)\.ptx", out)}
-    if target.backend == "rocm":
-        # llvm-objdump of the builder's own LLVM reads its code objects (run where it is installed).
-        # It extracts each bundle next to its input: work on a copy in a writable directory.
-        script = (f"mkdir -p /tmp/bundles && cd /tmp/bundles && cp /w/{so.name} . && "
-                  f"llvm-objdump-21 --offloading {so.name}")
-        out = run(["docker", "run", "--rm", "--pull=never", "-v", f"{so.parent}:/w:ro", builder_image, "sh", "-c",
-                   script], log=log)
-        return set(re.findall(r"hipv4-amdgcn-amd-amdhsa--(gfx\w+)", out))
-    return set()
-
-
-def check_coverage(so: Path, target: Target, builder_image: str, log: Path) -> CheckResult:
-    expected, found = expected_device_code(target), device_code(so, target, builder_image, log)
+def check_coverage(so: Path, target: Target, builder_image: str, log: Path, env: Mapping[str, str]) -> CheckResult:
+    backend = backends.get(target.backend)
+    expected, found = backend.expected_device_code(target.archs), backend.device_code(so, builder_image, log, env)
     if found == expected:
         return CheckResult("coverage", True, ", ".join(sorted(found)) or "no device code (cpu)")
     return CheckResult("coverage", False, f"device code {sorted(found)} but the target asks for {sorted(expected)}")
@@ -127,20 +82,21 @@ def stable_surface(torch_sdk: Path) -> set[str]:
     return names
 
 
-def exported(libraries: list[Path], log: Path) -> set[str]:
+def exported(libraries: list[Path], log: Path, env: Mapping[str, str]) -> set[str]:
     names: set[str] = set()
     for library in libraries:
-        out = run(["nm", "-D", "--defined-only", str(library)], log=log)
+        out = run(["nm", "-D", "--defined-only", str(library)], log=log, env=env)
         names.update(line.split()[-1].split("@")[0] for line in out.splitlines() if line.strip())
     return names
 
 
-def check_symbols(so: Path, target: Target, torch_sdk: Path, log: Path) -> CheckResult:
+def check_symbols(so: Path, target: Target, torch_sdk: Path, log: Path, env: Mapping[str, str]) -> CheckResult:
     """Every undefined symbol is a versioned system symbol, a GPU-runtime symbol, or part of torch's
     stable C ABI; anything else (a mangled c10/at symbol) is an `undefined symbol` waiting for a user."""
-    out = run(["nm", "-D", "--undefined-only", str(so)], log=log)
+    out = run(["nm", "-D", "--undefined-only", str(so)], log=log, env=env)
     surface = stable_surface(torch_sdk)
-    cpu_exports = exported(sorted((torch_sdk / "lib").glob("lib*.so")), log)
+    cpu_exports = exported(sorted((torch_sdk / "lib").glob("lib*.so")), log, env)
+    runtime_prefixes = backends.get(target.backend).runtime_prefixes
     unstable, stable, unchecked = [], 0, []
     for line in out.splitlines():
         parts = line.split()
@@ -149,7 +105,7 @@ def check_symbols(so: Path, target: Target, torch_sdk: Path, log: Path) -> Check
         symbol = parts[-1]
         if any(v in symbol for v in SYSTEM_VERSIONS) or STD_LIBRARY.match(symbol):
             continue
-        if symbol.startswith(RUNTIME_PREFIXES[target.backend]):
+        if runtime_prefixes and symbol.startswith(runtime_prefixes):
             continue
         if symbol in surface:
             stable += 1
@@ -166,15 +122,16 @@ def check_symbols(so: Path, target: Target, torch_sdk: Path, log: Path) -> Check
 PROBE = Path(__file__).with_name("probes") / "stable_abi_call.py"
 
 
-def check_loads(so: Path, target: Target, builder_image: str, python_tag: str, log: Path) -> CheckResult:
+def check_loads(so: Path, target: Target, builder_image: str, python_tag: str, log: Path,
+                env: Mapping[str, str]) -> CheckResult:
     """In the builder image, with no Python torch: dlopen the extension against the torch SDK and
     the GPU runtime there, and call its CPU kernel through the stable dispatcher."""
     python = f"/opt/python/{python_tag}-{python_tag}/bin/python"
     libraries = "/opt/torch-sdk/torch/lib:/usr/local/cuda/lib:/usr/local/cuda/lib64:/opt/rocm/lib"
     out = run(["docker", "run", "--rm", "--pull=never", "-v", f"{so.parent}:/w:ro", "-v", f"{PROBE}:/probe.py:ro",
                "-e", f"LD_LIBRARY_PATH={libraries}", builder_image, python, "/probe.py", f"/w/{so.name}",
-               "lazy" if target.backend == "cuda" else "now"],
-              log=log, hint="the extension does not load or its op does not run; see the log")
+               backends.get(target.backend).load_binding],
+              log=log, env=env, hint="the extension does not load or its op does not run; see the log")
     result = json.loads(out.strip().splitlines()[-1])
     return CheckResult("loads", bool(result.get("matches_rule")),
                        "loads with no Python torch, registers polykernels::fake_int4_quant, CPU kernel correct"
@@ -196,17 +153,15 @@ def torch_sdk_from(wheelhouse: Path, destination: Path) -> Path:
     return destination / "torch"
 
 
-def run_checks(wheel: Path, target: Target, builder_image: str, python_tag: str, wheelhouse: Path, work: Path,
-               log: Path) -> list[CheckResult]:
+def run_checks(wheel: Wheel, target: Target, builder_image: str, python_tag: str, wheelhouse: Path, work: Path,
+               log: Path, env: Mapping[str, str]) -> list[CheckResult]:
     work.mkdir(parents=True, exist_ok=True)
-    so = extract(wheel, "_C.abi3.so", work / "unpacked")
+    so = extract(wheel.path, "_C.abi3.so", work / "unpacked")
     sdk = torch_sdk_from(wheelhouse, work / "torch-sdk")
     return [
         check_manifest(wheel, target),
         check_size(wheel, target),
-        check_coverage(so, target, builder_image, log),
-        check_symbols(so, target, sdk, log),
-        check_loads(so, target, builder_image, python_tag, log),
+        check_coverage(so, target, builder_image, log, env),
+        check_symbols(so, target, sdk, log, env),
+        check_loads(so, target, builder_image, python_tag, log, env),
     ]
-
-

@@ -1,5 +1,6 @@
 """The compile matrix: every Triton kernel specialization x every GPU target, compiled on this
 CPU through the payload's kernel registry (one process per compile: a bad one kills its process).
+The GPU targets are the archs of targets.toml's targets, as their backends name them for Triton.
 
 A kernel that cannot compile for a target must be guarded off there; one that its guard allows
 must compile. Either mismatch fails the matrix. Written to build/compile-matrix.json.
@@ -8,14 +9,16 @@ must compile. Either mismatch fails the matrix. Written to build/compile-matrix.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
-from polykernels_build.errors import ToolError
-from polykernels_build.index import write_atomically
+from polykernels_build import backends
+from polykernels_build.dist import write_atomically
 from polykernels_build.settings import Settings
+from polykernels_build.targets import Matrix
+from polykernels_build.tools import run as run_tool
 
 
 @dataclass(frozen=True)
@@ -42,31 +45,35 @@ print(json.dumps(asdict(probe(sys.argv[1], sys.argv[2]))) + "\\n", end="")
 """
 
 
-def _kernels(settings: Settings) -> tuple[list[str], list[str]]:
-    code = ("import json; from polykernels import kernel_registry as k; k._load_all();"
-            "print(json.dumps([list(k.KERNELS), list(k.GPU_TARGETS)]))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
-                          env=dict(settings.tool_env), cwd=settings.root)
-    if proc.returncode:
-        raise ToolError([sys.executable, "-c", code], proc.returncode, proc.stderr,
-                        hint="the compile matrix needs polykernels and triton importable (nox -s compile_matrix)")
-    kernels, gpu_targets = json.loads(proc.stdout)
-    return kernels, gpu_targets
+def gpu_targets(matrix: Matrix) -> list[str]:
+    """Triton targets ("cuda:90", "hip:gfx942") of every target's archs, in matrix order."""
+    found = [t for target in matrix.targets.values()
+             for t in backends.get(target.backend).triton_targets(target.archs)]
+    return list(dict.fromkeys(found))
 
 
-def run(settings: Settings, workers: int = 2) -> MatrixResult:
+def _kernels(settings: Settings, log: Path) -> list[str]:
+    code = "import json; from polykernels import kernel_registry as k; print(json.dumps(list(k.kernels())))"
+    out = run_tool([sys.executable, "-c", code], log=log, env=settings.tool_env, cwd=settings.root,
+                   stderr_to_log=True,
+                   hint="the compile matrix needs polykernels and triton importable (nox -s compile_matrix)")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def run(settings: Settings, matrix: Matrix, workers: int = 2) -> MatrixResult:
     settings.build_dir.mkdir(parents=True, exist_ok=True)
-    kernels, gpu_targets = _kernels(settings)
+    log = settings.build_dir / "logs" / "compile-matrix.log"
+    kernels, targets = _kernels(settings, log), gpu_targets(matrix)
 
     def one(pair: tuple[str, str]) -> dict:
-        proc = subprocess.run([sys.executable, "-c", _PROBE, *pair], capture_output=True, text=True, check=False,
-                              env=dict(settings.tool_env), cwd=settings.root)
-        row = json.loads(proc.stdout.strip().splitlines()[-1])
+        out = run_tool([sys.executable, "-c", _PROBE, *pair], log=log, env=settings.tool_env, cwd=settings.root,
+                       stderr_to_log=True)
+        row = json.loads(out.strip().splitlines()[-1])
         row["consistent"] = row["compiled"] or not row["allowed"]
         return row
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        rows = list(pool.map(one, [(k, t) for k in kernels for t in gpu_targets]))
+        rows = list(pool.map(one, [(k, t) for k in kernels for t in targets]))
     result = MatrixResult(rows=rows)
     write_atomically(settings.build_dir / "compile-matrix.json", json.dumps(asdict(result), indent=2))
     return result

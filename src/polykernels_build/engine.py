@@ -6,7 +6,6 @@ import shutil
 import subprocess
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
@@ -18,13 +17,7 @@ INSTALL_HINT = ("install a Docker engine (Debian/Ubuntu: apt-get install -y dock
                 "and make sure `docker info` answers")
 
 
-@dataclass(frozen=True)
-class Engine:
-    binary: str
-    version: tuple[int, ...]
-
-
-def require_engine(tool_env: Mapping[str, str]) -> Engine:
+def require_engine(tool_env: Mapping[str, str]) -> None:
     binary = shutil.which("docker", path=tool_env.get("PATH", ""))
     if binary is None:
         raise EngineError("no Docker engine: the `docker` command is not installed", hint=INSTALL_HINT)
@@ -37,17 +30,16 @@ def require_engine(tool_env: Mapping[str, str]) -> Engine:
     if version < MIN_VERSION:
         raise EngineError(f"Docker engine {proc.stdout.strip()} is too old: need >= "
                           f"{'.'.join(map(str, MIN_VERSION))}", hint=INSTALL_HINT)
-    return Engine(binary=binary, version=version)
 
 
-def image_id(reference: str) -> str | None:
+def image_id(reference: str, tool_env: Mapping[str, str]) -> str | None:
     proc = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", reference], capture_output=True,
-                          text=True, check=False)
+                          text=True, check=False, env=dict(tool_env))
     return proc.stdout.strip() if proc.returncode == 0 else None
 
 
-def require_image(reference: str, hint: str) -> str:
-    found = image_id(reference)
+def require_image(reference: str, hint: str, tool_env: Mapping[str, str]) -> str:
+    found = image_id(reference, tool_env)
     if found is None:
         raise ImageError(f"image {reference} is not present on this engine", hint=hint)
     return found
@@ -62,15 +54,17 @@ def build(dockerfile: Path, context: Path, tag: str, *, build_args: Mapping[str,
         argv += ["--build-arg", f"{key}={value}"]
     run([*argv, str(context)], log=log, env={**tool_env, "DOCKER_BUILDKIT": "0"},
         hint=f"read the build log, then retry with `nox -s images -- ...`; log {log}")
-    return require_image(tag, "the build reported success but left no image")
+    return require_image(tag, "the build reported success but left no image", tool_env)
 
 
 class Container:
     """A throwaway container running one long-lived shell; removed on exit unless ``keep``."""
 
-    def __init__(self, image: str, *, log: Path, mounts: Sequence[tuple[Path, str]] = (), keep: bool = False,
+    def __init__(self, image: str, *, log: Path, tool_env: Mapping[str, str],
+                 mounts: Sequence[tuple[Path, str]] = (), keep: bool = False,
                  env: Mapping[str, str] | None = None) -> None:
         self.image = image
+        self.tool_env = tool_env
         self.log = log
         self.mounts = mounts
         self.keep = keep
@@ -83,14 +77,14 @@ class Container:
             argv += ["-v", f"{host}:{inside}"]
         for key, value in self.env.items():
             argv += ["-e", f"{key}={value}"]
-        run([*argv, self.image, "sleep", "infinity"], log=self.log)
+        run([*argv, self.image, "sleep", "infinity"], log=self.log, env=self.tool_env)
         return self
 
     def exec(self, argv: Sequence[str], *, workdir: str | None = None) -> str:
         prefix = ["docker", "exec"] + (["-w", workdir] if workdir else []) + [self.name]
-        return run([*prefix, *argv], log=self.log)
+        return run([*prefix, *argv], log=self.log, env=self.tool_env)
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
         if self.keep:
             return
-        subprocess.run(["docker", "rm", "-f", self.name], capture_output=True, check=False)
+        run(["docker", "rm", "-f", self.name], log=self.log, env=self.tool_env, check=False)

@@ -1,6 +1,6 @@
 """Builder images: a vendor image pinned by digest, or an offline base bootstrapped from Debian
-packages and PyPI; then the toolchain's builder recipe on top. One Dockerfile per toolchain;
-the profile only changes the base."""
+packages and PyPI; then the builder recipe (docker/builder/Dockerfile, one for every backend)
+on top. The profile only changes the base."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from polykernels_build import engine
+from polykernels_build import backends, engine
 from polykernels_build.errors import ConfigError, ImageError
 from polykernels_build.settings import Settings
 from polykernels_build.targets import Bootstrap, Matrix, Target
@@ -18,11 +18,6 @@ from polykernels_build.tools import run
 
 # manylinux images carry every CPython; this is the one the vendor profile builds with.
 VENDOR_PYTHON = "cp311"
-DEVIATIONS = {
-    "rocm": "HIP runtime from Debian (libamdhip64.so.6, HIP 6.4), not ROCm 7: runs on ROCm 6 runtimes",
-    "cuda": "glibc and libstdc++ of Debian bookworm instead of the manylinux_2_28 ones: the wheel tag says which",
-    "cpu": "glibc and libstdc++ of Debian bookworm instead of the manylinux_2_28 ones: the wheel tag says which",
-}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,7 +37,7 @@ class BuilderImage:
 
 def builder_tag(target: Target, profile: str) -> str:
     source = target.offline.recipe if profile == "offline" else "vendor"
-    return f"polykernels-builder:{target.toolchain}-{source}"
+    return f"polykernels-builder:{target.backend}-{source}"
 
 
 def wheelhouse(settings: Settings, matrix: Matrix, log: Path) -> Path:
@@ -80,7 +75,7 @@ def _context(settings: Settings, house: Path) -> Path:
 
 def debian_base(settings: Settings, suite: str, packages: tuple[str, ...], tag: str, log: Path) -> str:
     """A Debian root filesystem from the distribution archive, imported as an image."""
-    existing = engine.image_id(tag)
+    existing = engine.image_id(tag, settings.tool_env)
     if existing:
         return existing
     if shutil.which("mmdebstrap") is None:
@@ -94,11 +89,11 @@ def debian_base(settings: Settings, suite: str, packages: tuple[str, ...], tag: 
         handle.flush()
         with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=handle, env=dict(settings.tool_env)) as debootstrap:
             imported = subprocess.run(["docker", "import", "-", tag], stdin=debootstrap.stdout, stdout=handle,
-                                      stderr=handle, check=False)
+                                      stderr=handle, check=False, env=dict(settings.tool_env))
     if debootstrap.returncode or imported.returncode:
         raise ImageError(f"bootstrapping the Debian {suite} base failed", log=log,
                          hint="check that the Debian archive is reachable (apt-get update works)")
-    return engine.require_image(tag, "docker import left no image")
+    return engine.require_image(tag, "docker import left no image", settings.tool_env)
 
 
 def debian_base_for(settings: Settings, bootstrap: Bootstrap, log: Path) -> str:
@@ -136,10 +131,10 @@ def builder_image(settings: Settings, matrix: Matrix, target: Target, profile: s
                      build_args={"BASE_IMAGE": debian, "PYTHON_TAG": bootstrap.python,
                                  "CUDA_VERSION": target.toolkit},
                      log=log, tool_env=settings.tool_env)
-        python, deviations = bootstrap.python, (DEVIATIONS[target.backend],)
+        python, deviations = bootstrap.python, (backends.get(target.backend).offline_deviation,)
     tag = builder_tag(target, profile)
-    image_id = engine.build(context / "builder" / f"{target.toolchain}.Dockerfile", context, tag,
-                            build_args={"BASE_IMAGE": base, "PYTHON_TAG": python}, log=log,
+    image_id = engine.build(context / "builder" / "Dockerfile", context, tag,
+                            build_args={"BASE_IMAGE": base, "PYTHON_TAG": python, "BACKEND": target.backend}, log=log,
                             tool_env=settings.tool_env)
     return BuilderImage(target=target.name, profile=profile, tag=tag, image_id=image_id, base=base, python=python,
                         deviations=deviations)

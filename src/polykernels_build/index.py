@@ -7,13 +7,11 @@ the symlink in one rename. An interrupted publish leaves the previous index unto
 
 from __future__ import annotations
 
-import hashlib
 import html
 import json
 import os
 import re
 import shutil
-import tempfile
 import time
 import uuid
 import zipfile
@@ -21,25 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from polykernels_build.dist import Wheel, sha256_of, write_atomically
 from polykernels_build.errors import PublishError
 
 PROJECT = "polykernels"
-
-
-def write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def requires_python(wheel: Path) -> str | None:
@@ -66,8 +49,10 @@ def project_dir(root: Path, variant: str) -> Path:
 
 def published(root: Path, variant: str) -> dict[str, str]:
     """filename -> sha256 of what the live index serves now."""
-    live = project_dir(root, variant)
-    return {p.name: _sha256(p) for p in live.glob("*.whl")} if live.is_dir() else {}
+    listing = project_dir(root, variant) / "index.json"
+    if not listing.is_file():
+        return {}
+    return {f["filename"]: f["hashes"]["sha256"] for f in json.loads(listing.read_text())["files"]}
 
 
 def _project_html(files: list[IndexedFile]) -> str:
@@ -98,15 +83,15 @@ def _root_pages() -> tuple[str, dict[str, Any]]:
     return page, {"meta": {"api-version": "1.1"}, "projects": [{"name": PROJECT}]}
 
 
-def publish_variant(root: Path, variant: str, wheels: list[Path], release: dict[str, Any],
-                    notes: str, *, fail_before_swap: bool = False) -> Path:
+def publish_variant(root: Path, variant: str, wheels: list[Wheel], release: dict[str, Any], notes: str) -> Path:
     """Adds ``wheels`` to the variant's index (keeping what it already serves) and swaps it live.
 
     The same file name with the same bytes is a no-op; with different bytes it is refused.
     """
     live = published(root, variant)
+    _clean_stale_stages(root / ".versions", variant, live_version(root, variant))
     for wheel in wheels:
-        digest = _sha256(wheel)
+        digest = wheel.sha256
         if wheel.name in live and live[wheel.name] != digest:
             raise PublishError(f"{variant}: {wheel.name} is already published with different bytes "
                                f"(sha256 {live[wheel.name][:16]}... vs {digest[:16]}...)",
@@ -119,8 +104,9 @@ def publish_variant(root: Path, variant: str, wheels: list[Path], release: dict[
     for name in live:
         shutil.copy2(current / name, target_dir / name)
     for wheel in wheels:
-        shutil.copy2(wheel, target_dir / wheel.name)
-    files = [IndexedFile(p, _sha256(p), requires_python(p)) for p in sorted(target_dir.glob("*.whl"))]
+        shutil.copy2(wheel.path, target_dir / wheel.name)
+    hashes = {**live, **{w.name: w.sha256 for w in wheels}}
+    files = [IndexedFile(p, hashes[p.name], requires_python(p)) for p in sorted(target_dir.glob("*.whl"))]
     (target_dir / "index.html").write_text(_project_html(files))
     (target_dir / "index.json").write_text(json.dumps(_project_json(files), indent=2))
     page, data = _root_pages()
@@ -131,15 +117,14 @@ def publish_variant(root: Path, variant: str, wheels: list[Path], release: dict[
     (stage / "release.json").write_text(json.dumps({"releases": [*previous["releases"], release]}, indent=2))
     (stage / "RELEASE_NOTES.md").write_text(notes)
     _verify(stage, files)
-    if fail_before_swap:  # tests: an interruption after staging must leave the live index alone
-        raise PublishError("interrupted before the swap (test hook)")
     link = root / variant
     if link.exists() and not link.is_symlink():
         raise PublishError(f"{link} is a directory, not an index symlink; move it away first")
-    previous_version = Path(os.readlink(link)).name if link.is_symlink() else None
+    previous_version = live_version(root, variant)
     tmp_link = root / f".{variant}.{uuid.uuid4().hex[:8]}"
     tmp_link.symlink_to(stage.relative_to(root))
     os.replace(tmp_link, link)  # the one atomic step
+    write_atomically(versions / f".{variant}.previous", previous_version or stage.name)
     _prune(versions, variant, keep={stage.name, previous_version or stage.name})
     return link
 
@@ -147,8 +132,24 @@ def publish_variant(root: Path, variant: str, wheels: list[Path], release: dict[
 def _verify(stage: Path, files: list[IndexedFile]) -> None:
     page = (stage / "simple" / PROJECT / "index.html").read_text()
     for f in files:
-        if _sha256(f.path) != f.sha256 or f"{f.name}#sha256={f.sha256}" not in page:
+        if sha256_of(f.path) != f.sha256 or f"{f.name}#sha256={f.sha256}" not in page:
             raise PublishError(f"staged index failed verification at {f.name}")
+
+
+def live_version(root: Path, variant: str) -> str | None:
+    link = root / variant
+    return Path(os.readlink(link)).name if link.is_symlink() else None
+
+
+def _clean_stale_stages(versions: Path, variant: str, live: str | None) -> None:
+    """Stages an interrupted publish left behind (never swapped in). The live version and the one
+    it replaced stay; a stage is stale when it is neither and no symlink points at it."""
+    _prune(versions, variant, keep={name for name in (live, _previous_of(versions, variant)) if name})
+
+
+def _previous_of(versions: Path, variant: str) -> str | None:
+    marker = versions / f".{variant}.previous"
+    return marker.read_text().strip() if marker.is_file() else None
 
 
 def _prune(versions: Path, variant: str, keep: set[str]) -> None:

@@ -1,6 +1,7 @@
 """release: images -> wheel -> checks -> gate -> publish, per target, with what passed kept.
 
-A step list per target, so further checks (the cross-target compile matrix, say) slot in.
+The wheel each target's build returns is the object the gate runs and publish ships: nothing
+is rediscovered from build/dist or hashed again on the way.
 """
 
 from __future__ import annotations
@@ -8,9 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from polykernels_build import build_step, gate, publish
-from polykernels_build.errors import ConfigError, FatalError
-from polykernels_build.host import Host
+from polykernels_build import backends, build_step, gate, publish
+from polykernels_build.backends import Host
+from polykernels_build.dist import Wheel
+from polykernels_build.errors import ConfigError, FatalError, GateError, PublishError
 from polykernels_build.log import Reporter
 from polykernels_build.settings import Settings
 from polykernels_build.targets import Matrix, Target
@@ -19,16 +21,15 @@ from polykernels_build.targets import Matrix, Target
 @dataclass(kw_only=True)
 class TargetOutcome:
     target: str
-    wheel: str = ""
-    size_mib: float = 0.0
+    wheel: Wheel | None = None
     suites: str = "not run"
     published: str = "no"
-    failed: bool = False
+    error: FatalError | None = None
 
 
 def resolve_targets(spec: list[str], matrix: Matrix, host: Host) -> list[Target]:
     if spec in ([], ["auto"]):
-        return [t for t in matrix.targets.values() if host.can_gate(t.hardware)]
+        return [t for t in matrix.targets.values() if can_gate_here(t, host)]
     if spec == ["all"]:
         return list(matrix.targets.values())
     if "auto" in spec or "all" in spec:
@@ -36,39 +37,48 @@ def resolve_targets(spec: list[str], matrix: Matrix, host: Host) -> list[Target]
     return [matrix.target(name) for name in spec]
 
 
+def can_gate_here(target: Target, host: Host) -> bool:
+    return backends.get(target.backend).can_gate(target.hardware, host)
+
+
+def _build_and_gate(settings: Settings, matrix: Matrix, target: Target, host: Host, reporter: Reporter,
+                    outcome: TargetOutcome, *, profile: str, runtime: str, index_url: str | None,
+                    allow_unpinned: bool) -> None:
+    outcome.wheel = build_step.build_and_check(settings, matrix, target, profile, reporter, index_url=index_url,
+                                               allow_unpinned=allow_unpinned)
+    if not can_gate_here(target, host):
+        reporter.skip(target.name, "gate", f"no {target.hardware} hardware on this host")
+        outcome.suites = f"not gated (needs {target.hardware})"
+        return
+    with reporter.step(target.name, f"gate ({runtime})") as row:
+        report = gate.gate(settings, matrix, outcome.wheel, runtime=runtime, profile=profile,
+                           log=build_step.log_path(settings, target.name, "gate"))
+        outcome.suites = "passed" if report.passed else f"FAILED: {report.reason}"
+        row.detail = f"{report.hardware_class}: {report.reason}"
+        if not report.passed:
+            raise GateError(f"{target.name}: suites failed: {report.reason}")
+
+
 def release(settings: Settings, matrix: Matrix, targets: list[Target], host: Host, reporter: Reporter, *,
             profile: str, runtime: str, waivers: dict[str, str], partial: bool, index_root: Path | None,
-            allow_unpinned: bool = False) -> list[TargetOutcome]:
+            index_url: str | None = None, allow_unpinned: bool = False) -> list[TargetOutcome]:
     outcomes = []
     for target in targets:
         outcome = TargetOutcome(target=target.name)
         outcomes.append(outcome)
         try:
-            built = build_step.build_and_check(settings, matrix, target, profile, reporter,
-                                               allow_unpinned=allow_unpinned)
-            outcome.wheel, outcome.size_mib = built.path.name, built.size / 2**20
-            if not host.can_gate(target.hardware):
-                reporter.skip(target.name, "gate", f"no {target.hardware} hardware on this host")
-                outcome.suites = f"not gated (needs {target.hardware})"
-                continue
-            with reporter.step(target.name, f"gate ({runtime})") as row:
-                report = gate.gate(settings, matrix, built.path, runtime=runtime, profile=profile,
-                                   log=build_step.log_path(settings, target.name, "gate"))
-                outcome.suites = "passed" if report.passed else f"FAILED: {report.reason}"
-                row.detail = f"{report.hardware_class}: {report.reason}"
-                if not report.passed:
-                    raise FatalError(f"{target.name}: suites failed: {report.reason}")
+            _build_and_gate(settings, matrix, target, host, reporter, outcome, profile=profile, runtime=runtime,
+                            index_url=index_url, allow_unpinned=allow_unpinned)
         except FatalError as exc:
-            outcome.failed = True
+            outcome.error = exc
             reporter.info(exc.render())
-    publishable = {o.target for o in outcomes if o.wheel}
-    if publishable:
+    built = [o.wheel for o in outcomes if o.wheel is not None]
+    if built:
         try:
             with reporter.step("all", "publish") as row:
-                decisions = publish.publish(settings, matrix, index_root=index_root, repository_url=None,
-                                            waivers=waivers, partial=partial,
-                                            log=build_step.log_path(settings, "release", "publish"),
-                                            only_targets=publishable)
+                decisions = publish.publish(settings, matrix, wheels=built, index_root=index_root,
+                                            repository_url=None, waivers=waivers, partial=partial,
+                                            log=build_step.log_path(settings, "release", "publish"))
                 for decision in decisions:
                     match = next(o for o in outcomes if o.target == decision.target)
                     match.published = ("waived" if decision.basis.startswith("WAIVED") else "yes") \
@@ -77,8 +87,13 @@ def release(settings: Settings, matrix: Matrix, targets: list[Target], host: Hos
         except FatalError as exc:
             reporter.info(exc.render())
             for outcome in outcomes:
-                outcome.failed = True
+                outcome.error = outcome.error or exc
     for outcome in outcomes:
-        if outcome.published == "no":
-            outcome.failed = True
+        if outcome.published == "no" and outcome.error is None:
+            outcome.error = PublishError(f"{outcome.target}: not published")
     return outcomes
+
+
+def exit_code(outcomes: list[TargetOutcome]) -> int:
+    """The release's exit code: the first failure's code (errors.py), 0 when every target went out."""
+    return next((o.error.return_code for o in outcomes if o.error is not None), 0)

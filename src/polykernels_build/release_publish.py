@@ -8,7 +8,6 @@ pypi` target's wheel only when its gate verified (a waiver never reaches plain `
 
 from __future__ import annotations
 
-import hashlib
 import html
 import json
 import shutil
@@ -17,7 +16,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from polykernels_build import attestations, gate, index, publish
+from polykernels_build import attestations, index, publish
+from polykernels_build.dist import Wheel, arrived
 from polykernels_build.errors import PublishError
 from polykernels_build.settings import Settings
 from polykernels_build.targets import Matrix
@@ -36,14 +36,18 @@ class Outcome:
     pypi: bool
 
 
-def collect_artifacts(settings: Settings, artifacts: Path) -> None:
-    """artifacts/wheel-<target>/ (download-artifact's layout) -> build/dist/<target>/."""
+def collect_artifacts(settings: Settings, artifacts: Path) -> list[Wheel]:
+    """artifacts/wheel-<target>/ (download-artifact's layout) -> build/dist/<target>/, each wheel opened
+    from its bytes (the records that travelled with it are not trusted) and recorded for publish."""
+    wheels = []
     for folder in sorted(artifacts.glob("wheel-*")):
-        dest = settings.build_dir / "dist" / folder.name.removeprefix("wheel-")
+        target = folder.name.removeprefix("wheel-")
+        dest = settings.dist_dir / target
         dest.mkdir(parents=True, exist_ok=True)
-        for item in folder.iterdir():
-            if item.is_file():
-                shutil.copy2(item, dest / item.name)
+        for item in folder.glob("*.whl"):
+            shutil.copy2(item, dest / item.name)
+        wheels.append(arrived(dest, target))
+    return wheels
 
 
 def seed_previous_index(root: Path, base_url: str, variants: list[str]) -> None:
@@ -62,22 +66,24 @@ def seed_previous_index(root: Path, base_url: str, variants: list[str]) -> None:
         wheels = []
         for entry in listing.get("files", []):
             with urllib.request.urlopen(url + entry["filename"], timeout=300) as response:
-                data = response.read()
-            if hashlib.sha256(data).hexdigest() != entry["hashes"]["sha256"]:
+                (stage / entry["filename"]).write_bytes(response.read())
+            wheel = Wheel.open(stage / entry["filename"])
+            if wheel.sha256 != entry["hashes"]["sha256"]:
                 raise PublishError(f"the live index serves {entry['filename']} with bytes that do not match its hash")
-            (stage / entry["filename"]).write_bytes(data)
-            wheels.append(stage / entry["filename"])
+            wheels.append(wheel)
         if wheels:
             index.publish_variant(root, variant, wheels, {"carried_over_from": url, "files": []},
                                   "Carried over from the live index.\n")
 
 
-def decide(settings: Settings, matrix: Matrix, release: ReleasePlan, repo: str, log: Path) -> list[Outcome]:
+def decide(settings: Settings, matrix: Matrix, release: ReleasePlan, wheels: list[Wheel], repo: str,
+           log: Path) -> list[Outcome]:
     outcomes = []
     by_target = {t.target: t for t in release.targets}
-    for sha, wheel in gate.built_wheels(settings).items():
-        manifest = gate.manifest_of(wheel)
-        plan = by_target[manifest["target"]]
+    for wheel in wheels:
+        if wheel.target not in by_target:
+            raise PublishError(f"{wheel.name} is for {wheel.target}, which targets.toml does not name")
+        plan = by_target[wheel.target]
         attestations.verified_statements(settings, wheel, repo, attestations.SLSA_PROVENANCE, log)
         if plan.gate_runners:
             report = attestations.verified_gate_report(settings, matrix, wheel, repo, log)
@@ -86,10 +92,10 @@ def decide(settings: Settings, matrix: Matrix, release: ReleasePlan, repo: str, 
             verdict, published = f"WAIVED (not gated): {plan.waiver}", True
         else:
             verdict, published = "held back: no gate runner in targets.toml and no waiver", False
-        profile = manifest.get("profile", "?")
+        profile = wheel.manifest.get("profile", "?")
         if profile == "offline":
             profile += " (vendor image not pinned yet)"
-        outcomes.append(Outcome(target=plan.target, variant=plan.variant, wheel=wheel.name, sha256=sha,
+        outcomes.append(Outcome(target=plan.target, variant=plan.variant, wheel=wheel.name, sha256=wheel.sha256,
                                 profile=profile, verdict=verdict, published=published,
                                 pypi=plan.pypi and published and not plan.waiver))
     missing = set(by_target) - {o.target for o in outcomes}
@@ -119,8 +125,8 @@ def landing_page(text: str) -> str:
 
 def release_publish(settings: Settings, matrix: Matrix, release: ReleasePlan, *, artifacts: Path, repo: str,
                     previous_index: str, pages: Path, pypi_dir: Path, log: Path) -> list[Outcome]:
-    collect_artifacts(settings, artifacts)
-    outcomes = decide(settings, matrix, release, repo, log)
+    wheels = collect_artifacts(settings, artifacts)
+    outcomes = decide(settings, matrix, release, wheels, repo, log)
     going = {o.target for o in outcomes if o.published}
     if pages.exists():
         shutil.rmtree(pages)
@@ -129,8 +135,8 @@ def release_publish(settings: Settings, matrix: Matrix, release: ReleasePlan, *,
         seed_previous_index(pages, previous_index, sorted({o.variant for o in outcomes if o.published}))
     waivers = {t.target: t.waiver for t in release.targets if t.waiver}
     if going:
-        publish.publish(settings, matrix, index_root=pages, repository_url=None, waivers=waivers, partial=False,
-                        log=log, only_targets=going)
+        publish.publish(settings, matrix, wheels=[w for w in wheels if w.target in going], index_root=pages,
+                        repository_url=None, waivers=waivers, partial=False, log=log)
     text = notes(outcomes, previous_index or "https://OWNER.github.io/polykernels")
     (pages / "RELEASE_NOTES.md").write_text(text)
     (pages / "index.html").write_text(landing_page(text))
@@ -139,5 +145,5 @@ def release_publish(settings: Settings, matrix: Matrix, release: ReleasePlan, *,
     pypi_dir.mkdir(parents=True)
     for o in outcomes:
         if o.pypi:
-            shutil.copy2(settings.build_dir / "dist" / o.target / o.wheel, pypi_dir / o.wheel)
+            shutil.copy2(settings.dist_dir / o.target / o.wheel, pypi_dir / o.wheel)
     return outcomes

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from polykernels_build.dist import ReportStore
+
 _PASSED_TO_TOOLS = ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONFIG", "LANG", "TMPDIR", "PIP_CERT", "SSL_CERT_FILE",
                     "PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_CONFIG_FILE", "PYTHONPATH",
                     "GH_TOKEN")  # GH_TOKEN: `gh attestation verify` (set only on the steps that verify)
@@ -36,6 +38,14 @@ class Settings:
     @property
     def build_dir(self) -> Path:
         return self.root / "build"
+
+    @property
+    def dist_dir(self) -> Path:
+        return self.build_dir / "dist"
+
+    @property
+    def reports(self) -> ReportStore:
+        return ReportStore(self.build_dir / "reports")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], root: Path) -> Settings:

@@ -7,22 +7,18 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
+from polykernels_build import backends
 from polykernels_build.errors import ConfigError
 
-Backend = Literal["cpu", "cuda", "rocm"]
-Profile = Literal["vendor", "offline"]
-BACKENDS = ("cpu", "cuda", "rocm")
 PROFILES = ("vendor", "offline")
 HARDWARE = ("any", "nvidia", "gfx942", "gfx950")
-ROCM_ARCHS = ("gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1200", "gfx1201")
-CUDA_ARCH = re.compile(r"^\d+\.\d+[af]?(\+PTX)?$")
 VARIANT = re.compile(r"^[a-z0-9]+(\.[a-z0-9]+)*$")
 DIGEST = re.compile(r"^(sha256:[0-9a-f]{64})?$")
 
@@ -49,15 +45,11 @@ class Bootstrap:
     packages: tuple[str, ...]
     python: str  # cibuildwheel interpreter tag, e.g. cp311
 
-    @property
-    def build_identifier(self) -> str:
-        return f"{self.python}-manylinux_x86_64"
-
 
 @dataclass(frozen=True, kw_only=True)
 class Target:
     name: str
-    backend: Backend
+    backend: str  # a key of backends.BACKENDS
     archs: tuple[str, ...]
     toolkit: str
     torch_floor: str
@@ -65,7 +57,6 @@ class Target:
     hardware: str
     size_budget_mib: float
     runners: tuple[str, ...]
-    toolchain: str
     vendor: VendorImage
     runtime: VendorImage
     offline: OfflineRecipe
@@ -78,6 +69,7 @@ class Target:
 class Matrix:
     path: Path
     build_torch: str
+    index_url: str  # root URL of the variant indexes, recorded in every manifest (overridable per release)
     targets: Mapping[str, Target]
     bootstraps: Mapping[str, Bootstrap] = field(default_factory=dict)
 
@@ -112,16 +104,11 @@ def _target(name: str, table: Mapping[str, Any], path: Path, bootstraps: Mapping
     where = f"target.{name}"
     _require(table, _TARGET_KEYS, where, path)
     backend = table["backend"]
-    _check(backend in BACKENDS, path, where, f"backend must be one of {BACKENDS}, got {backend!r}")
+    _check(backend in backends.BACKENDS, path, where,
+           f"backend must be one of {tuple(backends.BACKENDS)}, got {backend!r}")
     archs = tuple(table["archs"])
-    if backend == "cpu":
-        _check(not archs, path, where, "a cpu target has no archs")
-    elif backend == "cuda":
-        bad = [a for a in archs if not CUDA_ARCH.match(a)]
-        _check(bool(archs) and not bad, path, where, f"CUDA archs must look like 9.0 or 12.0+PTX, got {bad or 'none'}")
-    else:
-        bad = [a for a in archs if a not in ROCM_ARCHS]
-        _check(bool(archs) and not bad, path, where, f"unknown ROCm archs {bad or 'none'}; known: {ROCM_ARCHS}")
+    problem = backends.BACKENDS[backend].arch_problem(archs)
+    _check(problem is None, path, where, str(problem))
     _check(table["hardware"] in HARDWARE, path, where, f"hardware must be one of {HARDWARE}")
     _check(bool(VARIANT.match(table["variant"])), path, where,
            f"variant {table['variant']!r} must be lowercase letters/digits separated by dots")
@@ -136,12 +123,10 @@ def _target(name: str, table: Mapping[str, Any], path: Path, bootstraps: Mapping
     _require(offline, {"recipe"}, f"{where}.offline", path)
     _check(offline["recipe"] in bootstraps, path, f"{where}.offline",
            f"recipe {offline['recipe']!r} has no [bootstrap.{offline['recipe']}] table")
-    recipe = path.parent / "docker" / "builder" / f"{table['toolchain']}.Dockerfile"
-    _check(recipe.exists(), path, where, f"toolchain {table['toolchain']!r} has no recipe at {recipe}")
     return Target(
         name=name, backend=backend, archs=archs, toolkit=str(table["toolkit"]), torch_floor=table["torch_floor"],
         variant=table["variant"], hardware=table["hardware"], size_budget_mib=float(table["size_budget_mib"]),
-        runners=tuple(table["runners"]), toolchain=table["toolchain"],
+        runners=tuple(table["runners"]),
         vendor=VendorImage(image=vendor["image"], digest=vendor["digest"]),
         runtime=VendorImage(image=runtime["image"], digest=runtime["digest"]),
         offline=OfflineRecipe(recipe=offline["recipe"]),
@@ -158,7 +143,7 @@ def load(path: Path = Path("targets.toml")) -> Matrix:
     release = data.pop("release", {})
     _require(data, {"schema", "build", "target", "bootstrap"}, "top level", path)
     _check(data["schema"] == 1, path, "top level", f"schema {data['schema']} is not supported (expected 1)")
-    _require(data["build"], {"torch"}, "build", path)
+    _require(data["build"], {"torch", "index_url"}, "build", path)
     bootstraps = {}
     for name, table in data["bootstrap"].items():
         _require(table, _BOOTSTRAP_KEYS, f"bootstrap.{name}", path)
@@ -172,7 +157,8 @@ def load(path: Path = Path("targets.toml")) -> Matrix:
         targets[pypi] = dataclasses.replace(targets[pypi], pypi=True)
     variants = [t.variant for t in targets.values()]
     _check(len(set(variants)) == len(variants), path, "target", f"variants must be unique, got {variants}")
-    return Matrix(path=path, build_torch=data["build"]["torch"], targets=targets, bootstraps=bootstraps)
+    return Matrix(path=path, build_torch=data["build"]["torch"], index_url=data["build"]["index_url"],
+                  targets=targets, bootstraps=bootstraps)
 
 
 def json_schema() -> dict[str, Any]:
@@ -181,7 +167,7 @@ def json_schema() -> dict[str, Any]:
     image = {"type": "object", "additionalProperties": False, "required": ["image", "digest"],
              "properties": {"image": {"type": "string"}, "digest": {"type": "string", "pattern": DIGEST.pattern}}}
     target_properties: dict[str, Any] = {
-        "backend": {"enum": list(BACKENDS)},
+        "backend": {"enum": list(backends.BACKENDS)},
         "archs": string_list,
         "toolkit": {"type": "string"},
         "torch_floor": {"type": "string", "pattern": r"^\d+\.\d+$"},
@@ -189,7 +175,6 @@ def json_schema() -> dict[str, Any]:
         "hardware": {"enum": list(HARDWARE)},
         "size_budget_mib": {"type": "number"},
         "runners": string_list,
-        "toolchain": {"type": "string"},
         "vendor": image,
         "runtime": image,
         "offline": {"type": "object", "additionalProperties": False, "required": ["recipe"],
@@ -207,8 +192,8 @@ def json_schema() -> dict[str, Any]:
             "schema": {"const": 1},
             "release": {"type": "object", "additionalProperties": False,
                         "properties": {"pypi": {"type": "string"}}},
-            "build": {"type": "object", "additionalProperties": False, "required": ["torch"],
-                      "properties": {"torch": {"type": "string"}}},
+            "build": {"type": "object", "additionalProperties": False, "required": ["index_url", "torch"],
+                      "properties": {"torch": {"type": "string"}, "index_url": {"type": "string"}}},
             "target": {"type": "object", "additionalProperties": {
                 "type": "object", "additionalProperties": False, "required": sorted(_TARGET_KEYS),
                 "properties": target_properties}},

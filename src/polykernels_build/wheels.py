@@ -3,18 +3,15 @@ leaves torch's and the GPU runtime's libraries to the user's torch, and the buil
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
-import subprocess
 import sys
-import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from polykernels_build.errors import BuildError, ConfigError
+from polykernels_build.dist import Wheel
+from polykernels_build.errors import BuildError, ConfigError, ToolError
 from polykernels_build.images import BuilderImage
 from polykernels_build.settings import Settings
 from polykernels_build.targets import Target
@@ -25,25 +22,7 @@ EXCLUDED_LIBRARIES = ("libtorch.so", "libtorch_cpu.so", "libc10.so", "libcudart.
 CCACHE_VOLUME = "polykernels-ccache"
 
 
-@dataclass(frozen=True, kw_only=True)
-class BuiltWheel:
-    target: str
-    path: Path
-    sha256: str
-    size: int
-    build_info: dict[str, Any]
-    seconds: float
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def export_source(settings: Settings, destination: Path) -> tuple[str | None, bool, int]:
+def export_source(settings: Settings, destination: Path, log: Path) -> tuple[str | None, bool, int]:
     """Copies the files git knows (tracked and untracked-not-ignored) into ``destination``.
 
     Returns (commit sha, dirty, commit time). The build never sees build/ or other ignored files.
@@ -53,15 +32,14 @@ def export_source(settings: Settings, destination: Path) -> tuple[str | None, bo
     destination.mkdir(parents=True)
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=settings.root, capture_output=True, text=True,
-                              check=True).stdout
+        return run(["git", *args], log=log, env=settings.tool_env, cwd=settings.root, stderr_to_log=True)
 
     try:
         files = [f for f in git("ls-files", "-co", "--exclude-standard", "-z").split("\0") if f]
         sha = git("rev-parse", "HEAD").strip() or None
         dirty = bool(git("status", "--porcelain").strip())
         commit_time = int(git("log", "-1", "--format=%ct").strip())
-    except (subprocess.CalledProcessError, FileNotFoundError) as exc:
+    except (ToolError, FileNotFoundError) as exc:
         raise BuildError("the source tree must be a git checkout (the manifest records its commit)") from exc
     for name in files:
         source = settings.root / name
@@ -72,10 +50,17 @@ def export_source(settings: Settings, destination: Path) -> tuple[str | None, bo
     return sha, dirty, commit_time
 
 
+def index_url(root_url: str, target: Target) -> str:
+    """The index this target's wheel is published under: ``<root>/<variant>/simple``."""
+    return f"{root_url.rstrip('/')}/{target.variant}/simple"
+
+
 def build_info(target: Target, image: BuilderImage, git_sha: str | None, dirty: bool,
-               commit_time: int) -> dict[str, Any]:
-    """The manifest embedded in the wheel. Its time is the commit's, so that rebuilding the same
-    commit in the same image gives the same bytes (and publishing them again is a no-op)."""
+               commit_time: int, root_url: str) -> dict[str, Any]:
+    """The manifest embedded in the wheel, and what setup.py compiles from: backend, archs and
+    torch floor (the extension's TORCH_TARGET_VERSION) come from the target here and nowhere else.
+    Its time is the commit's, so that rebuilding the same commit in the same image gives the same
+    bytes (and publishing them again is a no-op)."""
     return {
         "target": target.name,
         "variant": target.variant,
@@ -92,6 +77,7 @@ def build_info(target: Target, image: BuilderImage, git_sha: str | None, dirty: 
         "image_base": image.base,
         "deviations": list(image.deviations),
         "built_at": datetime.fromtimestamp(commit_time, timezone.utc).isoformat(timespec="seconds"),
+        "index_url": index_url(root_url, target),
     }
 
 
@@ -101,12 +87,8 @@ def cibuildwheel_env(settings: Settings, target: Target, image: BuilderImage, in
     if "'" in manifest:
         raise ConfigError("build manifest values must not contain single quotes")
     epoch = int(datetime.fromisoformat(info["built_at"]).timestamp())
-    variables = {"POLYKERNELS_BACKEND": target.backend, "POLYKERNELS_BUILD_INFO": f"'{manifest}'",
-                 "SOURCE_DATE_EPOCH": str(epoch)}
-    if target.backend == "cuda":
-        variables["TORCH_CUDA_ARCH_LIST"] = f"'{';'.join(target.archs)}'"
-    elif target.backend == "rocm":
-        variables["PYTORCH_ROCM_ARCH"] = f"'{';'.join(target.archs)}'"
+    # The manifest is the build's whole configuration: setup.py takes backend, archs and floor from it.
+    variables = {"POLYKERNELS_BUILD_INFO": f"'{manifest}'", "SOURCE_DATE_EPOCH": str(epoch)}
     create_args = "--pull=never"
     if ccache:
         variables.update({"POLYKERNELS_COMPILER_LAUNCHER": "ccache", "CCACHE_DIR": "/ccache",
@@ -130,13 +112,12 @@ def cibuildwheel_env(settings: Settings, target: Target, image: BuilderImage, in
     }
 
 
-def build_wheel(settings: Settings, target: Target, image: BuilderImage, log: Path, *,
-                ccache: bool = True) -> BuiltWheel:
-    start = time.perf_counter()
+def build_wheel(settings: Settings, target: Target, image: BuilderImage, log: Path, *, root_url: str,
+                ccache: bool = True) -> Wheel:
     source = settings.build_dir / "src" / target.name
-    sha, dirty, commit_time = export_source(settings, source)
-    info = build_info(target, image, sha, dirty, commit_time)
-    out = settings.build_dir / "dist" / target.name
+    sha, dirty, commit_time = export_source(settings, source, log)
+    info = build_info(target, image, sha, dirty, commit_time, root_url)
+    out = settings.dist_dir / target.name
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -148,6 +129,4 @@ def build_wheel(settings: Settings, target: Target, image: BuilderImage, log: Pa
     wheels = sorted(out.glob("*.whl"))
     if len(wheels) != 1:
         raise BuildError(f"{target.name}: expected one wheel in {out}, found {[w.name for w in wheels]}", log=log)
-    wheel = wheels[0]
-    return BuiltWheel(target=target.name, path=wheel, sha256=sha256_of(wheel), size=wheel.stat().st_size,
-                      build_info=info, seconds=time.perf_counter() - start)
+    return Wheel.open(wheels[0]).save()

@@ -28,7 +28,7 @@ WORKFLOW = ".github/workflows/release.yml"
 # The workflow's run: lines. Values reach them through env: (never ${{ }} inside a script).
 BUILD_STEPS = (
     f"{NOX} -s runner_setup",
-    f'{NOX} -s wheel -- --target "$TARGET" --profile "$PROFILE"',
+    f'{NOX} -s "wheel($TARGET)" -- --profile "$PROFILE"',  # noxfile: one wheel(<target>) session per target
     f'{NOX} -s sbom -- --target "$TARGET"',
 )
 GATE_STEPS = (
@@ -134,8 +134,13 @@ def write_github_output(path: Path, outputs: dict[str, str]) -> None:
 
 
 def _with_env(template: str, env: dict[str, str]) -> str:
+    """A run: line with its values in, as a developer would type it (`"wheel($TARGET)"` -> `"wheel(cpu)"`)."""
     for key, value in env.items():
         template = template.replace(f'"${key}"', shlex.quote(value))
+        if f"${key}" in template:  # inside a quoted word: only a value that needs no quoting of its own
+            if not re.fullmatch(r"[\w./-]+", value):
+                raise ConfigError(f"{key}={value!r} cannot go inside a quoted word of {template!r}")
+            template = template.replace(f"${key}", value)
     return template
 
 

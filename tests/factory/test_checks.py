@@ -1,22 +1,39 @@
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from polykernels_build import checks, targets
+from polykernels_build import backends, checks, targets
+from polykernels_build.dist import Wheel
 
 ROOT = Path(__file__).resolve().parents[2]
 MATRIX = targets.load(ROOT / "targets.toml")
+ENV = {"PATH": os.environ["PATH"]}
+
+
+def expected(name: str) -> set[str]:
+    target = MATRIX.target(name)
+    return backends.get(target.backend).expected_device_code(target.archs)
 
 
 def test_expected_device_code_per_target() -> None:
-    assert checks.expected_device_code(MATRIX.target("cuda13")) == {
-        "sm_80", "sm_90", "sm_100", "sm_120", "compute_120"}
-    assert checks.expected_device_code(MATRIX.target("rocm-gfx950")) == {"gfx950"}
-    assert checks.expected_device_code(MATRIX.target("cpu")) == set()
+    assert expected("cuda13") == {"sm_80", "sm_90", "sm_100", "sm_120", "compute_120"}
+    assert expected("rocm-gfx950") == {"gfx950"}
+    assert expected("cpu") == set()
+
+
+def test_every_backend_satisfies_the_protocol() -> None:
+    # Adding a backend is one class in backends.py: it must answer everything the factory asks.
+    members = [name for name in backends.Backend.__dict__ if not name.startswith("_")]
+    members += list(backends.Backend.__annotations__)
+    for backend in backends.BACKENDS.values():
+        missing = [m for m in members if not hasattr(backend, m)]
+        assert not missing, (backend.name, missing)
+    assert {t.backend for t in MATRIX.targets.values()} <= set(backends.BACKENDS)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +56,7 @@ def build_so(tmp_path: Path, body: str) -> Path:
 def test_symbols_stable_abi_passes(tmp_path: Path, torch_sdk: Path) -> None:
     so = build_so(tmp_path, "extern int aoti_torch_dtype_float32(void);\n"
                             "int f(void){return aoti_torch_dtype_float32();}")
-    result = checks.check_symbols(so, MATRIX.target("cpu"), torch_sdk, tmp_path / "log")
+    result = checks.check_symbols(so, MATRIX.target("cpu"), torch_sdk, tmp_path / "log", ENV)
     assert result.passed, result.detail
 
 
@@ -47,19 +64,20 @@ def test_symbols_unstable_cpp_abi_fails(tmp_path: Path, torch_sdk: Path) -> None
     # A mangled c10 symbol: exactly what becomes `undefined symbol` under another torch.
     so = build_so(tmp_path, "extern int _ZN3c1019UndefinedTensorImpl10_singletonE;\n"
                             "int f(void){return _ZN3c1019UndefinedTensorImpl10_singletonE;}")
-    result = checks.check_symbols(so, MATRIX.target("cpu"), torch_sdk, tmp_path / "log")
+    result = checks.check_symbols(so, MATRIX.target("cpu"), torch_sdk, tmp_path / "log", ENV)
     assert not result.passed and "_ZN3c1019UndefinedTensorImpl10_singletonE" in result.detail
 
 
 def test_symbols_gpu_runtime_allowed_only_for_its_backend(tmp_path: Path, torch_sdk: Path) -> None:
     so = build_so(tmp_path, "extern int hipGetLastError(void);\nint f(void){return hipGetLastError();}")
-    assert checks.check_symbols(so, MATRIX.target("rocm-gfx942"), torch_sdk, tmp_path / "log").passed
-    assert not checks.check_symbols(so, MATRIX.target("cuda13"), torch_sdk, tmp_path / "log").passed
+    assert checks.check_symbols(so, MATRIX.target("rocm-gfx942"), torch_sdk, tmp_path / "log", ENV).passed
+    assert not checks.check_symbols(so, MATRIX.target("cuda13"), torch_sdk, tmp_path / "log", ENV).passed
 
 
 def test_size_budget(tmp_path: Path) -> None:
-    wheel = tmp_path / "big.whl"
-    wheel.write_bytes(b"0" * (3 * 2**20))
+    path = tmp_path / "big.whl"
+    path.write_bytes(b"0" * (3 * 2**20))
+    wheel = Wheel(path=path, sha256="", manifest={})
     assert not checks.check_size(wheel, MATRIX.target("cpu")).passed
     assert checks.check_size(wheel, MATRIX.target("cuda13")).passed
 

@@ -1,14 +1,19 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from polykernels_build import gate, index, publish, serve, targets
+from polykernels_build import backends, gate, publish, serve, targets
+from polykernels_build.dist import GateReport, Wheel, judge, sha256_of
 from polykernels_build.errors import GateError, PublishError
 from polykernels_build.settings import Settings
 from tests.factory.helpers import make_wheel, suites_report
@@ -23,13 +28,13 @@ def settings(tmp_path: Path) -> Settings:
 
 
 def gated_wheel(settings: Settings, target: str = "cpu", variant: str = "cpu", passed: bool = True,
-                backend: str = "cpu", arch: str | None = None, payload: bytes = b"x") -> Path:
-    wheel = make_wheel(settings.build_dir / "dist" / target, target=target, variant=variant, payload=payload)
+                backend: str = "cpu", arch: str | None = None, payload: bytes = b"x", version: str = "0.1.0") -> Wheel:
+    wheel = make_wheel(settings.dist_dir / target, target=target, variant=variant, payload=payload, version=version)
     suites = suites_report(passed, backend, arch)
-    ok, reason = gate.judge(suites)
-    gate.store(settings, gate.GateReport(
-        wheel_sha256=gate.sha256_of(wheel), wheel_name=wheel.name, target=target, variant=variant,
-        hardware_class=gate.hardware_class(suites["platform"]), runtime="venv", host="test", passed=ok,
+    ok, reason = judge(suites)
+    settings.reports.store(GateReport(
+        wheel_sha256=wheel.sha256, wheel_name=wheel.name, target=target, variant=variant,
+        hardware_class=backends.hardware_class(suites["platform"]), runtime="venv", host="test", passed=ok,
         reason=reason, seconds=1.0, created_at="2026-11-29T00:00:00+00:00", suites=suites))
     return wheel
 
@@ -46,7 +51,8 @@ def test_publish_writes_pep503_and_pep691(settings: Settings) -> None:
     run_publish(settings)
     project = settings.build_dir / "index" / "cpu" / "simple" / "polykernels"
     page = (project / "index.html").read_text()
-    sha = gate.sha256_of(wheel)
+    sha = wheel.sha256
+    assert sha == sha256_of(wheel.path)
     assert f'href="{wheel.name}#sha256={sha}"' in page and 'data-requires-python="&gt;=3.10"' in page
     data = json.loads((project / "index.json").read_text())
     assert data["meta"]["api-version"] == "1.1" and data["files"][0]["hashes"]["sha256"] == sha
@@ -55,9 +61,9 @@ def test_publish_writes_pep503_and_pep691(settings: Settings) -> None:
 
 def test_tampered_wheel_is_refused(settings: Settings) -> None:
     wheel = gated_wheel(settings)
-    data = bytearray(wheel.read_bytes())
+    data = bytearray(wheel.path.read_bytes())
     data[-30] ^= 1  # one byte changed after the gate ran
-    wheel.write_bytes(bytes(data))
+    wheel.path.write_bytes(bytes(data))
     with pytest.raises(PublishError, match="no gate report for these bytes"):
         run_publish(settings)
 
@@ -79,7 +85,7 @@ def test_wrong_hardware_class_is_not_a_pass(settings: Settings) -> None:
 
 
 def test_waiver_is_recorded_in_index_and_notes(settings: Settings) -> None:
-    make_wheel(settings.build_dir / "dist" / "rocm-gfx950", target="rocm-gfx950", variant="rocm7.gfx950")
+    make_wheel(settings.dist_dir / "rocm-gfx950", target="rocm-gfx950", variant="rocm7.gfx950")
     run_publish(settings, waivers={"rocm-gfx950": "no MI355X runner this week"})
     live = settings.build_dir / "index" / "rocm7.gfx950"
     release = json.loads((live / "release.json").read_text())
@@ -91,26 +97,67 @@ def test_same_bytes_twice_is_a_noop_different_bytes_an_error(settings: Settings)
     gated_wheel(settings)
     run_publish(settings)
     run_publish(settings)  # same bytes again: fine
-    shutil.rmtree(settings.build_dir / "dist")
+    shutil.rmtree(settings.dist_dir)
     gated_wheel(settings, payload=b"other bytes, same version")
     with pytest.raises(PublishError, match="already published with different bytes"):
         run_publish(settings)
 
 
-def test_interrupted_publish_leaves_previous_index(settings: Settings, tmp_path: Path) -> None:
+# Run as a separate process and killed with SIGKILL once its new index version is staged. The
+# stand-in for _verify (test code, in the child only) signals "staged" and waits to be killed.
+_PUBLISH_AND_HANG = """
+import sys, time
+from pathlib import Path
+from polykernels_build import index, publish, targets
+from polykernels_build.settings import Settings
+
+def hang(stage, files):
+    print("staged", stage, flush=True)
+    time.sleep(600)
+
+index._verify = hang
+root = Path(sys.argv[1])
+publish.publish(Settings(root=root), targets.load(Path(sys.argv[2])), index_root=None, repository_url=None,
+                waivers={}, partial=False, log=root / "log")
+"""
+
+
+def test_killed_publish_leaves_previous_index_and_next_run_cleans_up(settings: Settings) -> None:
     first = gated_wheel(settings)
     run_publish(settings)
-    live = settings.build_dir / "index" / "cpu" / "simple" / "polykernels" / "index.html"
+    root = settings.build_dir / "index"
+    live = root / "cpu" / "simple" / "polykernels" / "index.html"
     before = live.read_text()
-    second = make_wheel(tmp_path / "next", version="0.1.1")
-    with pytest.raises(PublishError, match="interrupted"):
-        index.publish_variant(settings.build_dir / "index", "cpu", [second], {}, "", fail_before_swap=True)
-    assert live.read_text() == before and first.name in before
+    live_version = Path(os.readlink(root / "cpu")).name
+    second = gated_wheel(settings, version="0.1.1")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    argv = [sys.executable, "-c", _PUBLISH_AND_HANG, str(settings.root), str(ROOT / "targets.toml")]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env) as child:
+        try:
+            line = child.stdout.readline()
+            assert line.startswith("staged"), line
+            stage = Path(line.split()[1])
+            assert stage.is_dir()
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=30)
+    assert child.returncode == -signal.SIGKILL
+    # The killed publish changed nothing a user sees, and left its stage behind.
+    assert live.read_text() == before and Path(os.readlink(root / "cpu")).name == live_version
+    assert first.name in before and second.name not in before
+    assert stage.is_dir()
+    # The next publish removes the stale stage and goes live with both wheels.
+    run_publish(settings)
+    assert not stage.exists()
+    after = live.read_text()
+    assert first.name in after and second.name in after
+    assert {p.name for p in (root / ".versions").iterdir() if p.is_dir()} == {
+        live_version, Path(os.readlink(root / "cpu")).name}
 
 
 def test_import_report_checks_the_wheel_bytes(settings: Settings, tmp_path: Path) -> None:
     wheel = gated_wheel(settings)
-    report_path = settings.build_dir / "reports" / f"{gate.sha256_of(wheel)}.json"
+    report_path = settings.reports.path(wheel.sha256)
     outside = tmp_path / "from-gpu-runner.json"
     shutil.copy(report_path, outside)
     assert gate.import_report(settings, MATRIX, outside).passed
@@ -149,9 +196,9 @@ def test_missing_runtime_image_is_one_clear_error(settings: Settings, monkeypatc
     from polykernels_build import engine
     from polykernels_build.errors import ImageError
 
-    wheel = make_wheel(settings.build_dir / "dist" / "cuda13", target="cuda13", variant="cu130")
+    wheel = make_wheel(settings.dist_dir / "cuda13", target="cuda13", variant="cu130")
     monkeypatch.setattr(engine, "require_engine", lambda tool_env: None)
-    monkeypatch.setattr(engine, "image_id", lambda reference: None)
+    monkeypatch.setattr(engine, "image_id", lambda reference, tool_env: None)
     with pytest.raises(ImageError, match=r"image pytorch/pytorch:.* is not present") as error:
         gate.gate(settings, MATRIX, wheel, runtime="container", profile="vendor", log=settings.build_dir / "log")
     assert "pull" in (error.value.hint or "")
@@ -160,7 +207,7 @@ def test_missing_runtime_image_is_one_clear_error(settings: Settings, monkeypatc
 def test_offline_gpu_gate_says_where_to_gate(settings: Settings, monkeypatch) -> None:
     from polykernels_build import engine
 
-    wheel = make_wheel(settings.build_dir / "dist" / "cuda13", target="cuda13", variant="cu130")
+    wheel = make_wheel(settings.dist_dir / "cuda13", target="cuda13", variant="cu130")
     monkeypatch.setattr(engine, "require_engine", lambda tool_env: None)
     with pytest.raises(GateError, match="no GPU runtime image") as error:
         gate.gate(settings, MATRIX, wheel, runtime="container", profile="offline", log=settings.build_dir / "log")

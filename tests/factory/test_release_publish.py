@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from polykernels_build import attestations, gate, release_publish, targets, workflow_matrix
+from polykernels_build import attestations, release_publish, targets, workflow_matrix
+from polykernels_build.dist import GateReport, Wheel
 from polykernels_build.errors import GateError, PublishError
 from polykernels_build.settings import Settings
-from polykernels_build.wheels import sha256_of
 from tests.factory.helpers import make_wheel, suites_report
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,13 +29,13 @@ def setup(tmp_path):
     return settings, matrix, artifacts, wheels
 
 
-def _gate_statement(wheel: Path, target: str, passed: bool = True) -> dict:
-    report = gate.GateReport(wheel_sha256=sha256_of(wheel), wheel_name=wheel.name, target=target, variant="x",
+def _gate_statement(wheel: Wheel, target: str, passed: bool = True) -> dict:
+    report = GateReport(wheel_sha256=wheel.sha256, wheel_name=wheel.name, target=target, variant="x",
                              hardware_class="nvidia" if target == "cuda13" else "cpu", runtime="venv", host="r",
                              passed=passed, reason="ok", seconds=1.0, created_at="2026-12-01T00:00:00+00:00",
                              suites=suites_report(passed, backend="cuda" if target == "cuda13" else "cpu"))
     return {"predicateType": workflow_matrix.GATE_PREDICATE_TYPE, "predicate": asdict(report),
-            "subject": [{"digest": {"sha256": sha256_of(wheel)}}]}
+            "subject": [{"digest": {"sha256": wheel.sha256}}]}
 
 
 def _fake_gh(monkeypatch, gate_passes: bool = True, provenance: bool = True) -> None:
@@ -45,8 +45,7 @@ def _fake_gh(monkeypatch, gate_passes: bool = True, provenance: bool = True) -> 
             if not provenance:
                 raise GateError("no provenance")
             return [{"predicateType": predicate_type}]
-        target = gate.manifest_of(wheel)["target"]
-        return [_gate_statement(wheel, target, gate_passes)]
+        return [_gate_statement(wheel, wheel.target, gate_passes)]
     monkeypatch.setattr(attestations, "verified_statements", verified)
 
 
@@ -72,7 +71,7 @@ def test_gated_waived_and_held_back(setup, monkeypatch) -> None:
     assert [p.name for p in (settings.build_dir / "pypi").iterdir()] == [wheels["cuda13"].name]
     notes = (pages / "RELEASE_NOTES.md").read_text()
     for name, wheel in wheels.items():
-        assert sha256_of(wheel) in notes and name in notes
+        assert wheel.sha256 in notes and name in notes
     assert "no MI300X runner yet" in notes and "vendor image not pinned yet" not in notes  # synthetic wheels
     assert "held back" in notes
 
@@ -113,14 +112,22 @@ def test_gate_predicate_is_the_report_of_the_exact_wheel(tmp_path) -> None:
     matrix = targets.load(ROOT / "targets.toml")
     wheel = make_wheel(tmp_path / "build" / "dist" / "cpu")
     with pytest.raises(GateError, match="no gate report"):
-        attestations.gate_predicate(settings, matrix, matrix.target("cpu"))
-    report = gate.GateReport(**{**_gate_statement(wheel, "cpu")["predicate"]})
-    gate.store(settings, report)
-    path = attestations.gate_predicate(settings, matrix, matrix.target("cpu"))
-    assert json.loads(path.read_text())["wheel_sha256"] == sha256_of(wheel)
+        attestations.gate_predicate(settings, matrix.target("cpu"))
+    settings.reports.store(GateReport(**_gate_statement(wheel, "cpu")["predicate"]))
+    path = attestations.gate_predicate(settings, matrix.target("cpu"))
+    assert json.loads(path.read_text())["wheel_sha256"] == wheel.sha256
 
 
 def test_verify_command_pins_repository_and_workflow(tmp_path) -> None:
     argv = attestations.verify_command(tmp_path / "w.whl", REPO, workflow_matrix.GATE_PREDICATE_TYPE)
     assert argv[argv.index("--signer-workflow") + 1] == f"{REPO}/.github/workflows/release.yml"
     assert argv[argv.index("--predicate-type") + 1] == "urn:polykernels:gate-report:v1"
+
+
+def test_a_record_that_travelled_with_the_artifact_is_not_trusted(setup, monkeypatch) -> None:
+    settings, matrix, artifacts, wheels = setup
+    record = wheels["cpu"].record
+    record.write_text(json.dumps({**json.loads(record.read_text()), "sha256": "0" * 64}))
+    _fake_gh(monkeypatch)
+    outcomes = {o.target: o for o in _run(settings, matrix, artifacts, {"rocm-gfx942": "no MI300X runner yet"})}
+    assert outcomes["cpu"].sha256 == wheels["cpu"].sha256 and outcomes["cpu"].published

@@ -66,3 +66,33 @@ def test_bad_cuda_arch_names_the_variable(setup_module) -> None:
 def test_torch_sdk_without_stable_headers_is_refused(setup_module, tmp_path: Path) -> None:
     with pytest.raises(setup_module.BuildConfigError, match=r"POLYKERNELS_TORCH_SDK=.* holds no torch/csrc/stable"):
         setup_module.torch_paths({"POLYKERNELS_TORCH_SDK": str(tmp_path)})
+
+
+def test_compiled_floor_follows_targets_toml(setup_module, tmp_path: Path) -> None:
+    # targets.toml is the one home of the torch floor: move a target's floor there, and the
+    # TORCH_TARGET_VERSION compiled into its extension moves with it (through the manifest the
+    # factory hands setup.py), with no second table to forget.
+    import json
+
+    from polykernels_build import targets, wheels
+    from polykernels_build.images import BuilderImage
+
+    text = (ROOT / "targets.toml").read_text()
+    edited = text.replace('variant = "cu130"', 'variant = "cu130"\nPLACEHOLDER', 1)
+    cuda_table = edited.split("PLACEHOLDER")[0].rsplit("[target.cuda13]", 1)[1]
+    assert 'torch_floor = "2.11"' in cuda_table
+    (tmp_path / "targets.toml").write_text(text.replace(
+        cuda_table, cuda_table.replace('torch_floor = "2.11"', 'torch_floor = "2.12"'), 1))
+    target = targets.load(tmp_path / "targets.toml").target("cuda13")
+    image = BuilderImage(target="cuda13", profile="offline", tag="t", image_id="sha256:0", base="b",
+                         python="cp311", deviations=())
+    info = wheels.build_info(target, image, None, False, 0, "http://127.0.0.1:8000")
+    nvcc = tmp_path / "cuda" / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text("#!/bin/sh\n")
+    # The variables a plain `pip install .` reads lose to the manifest: one source of truth.
+    build = setup_module.resolve_build({"POLYKERNELS_BUILD_INFO": json.dumps(info), "POLYKERNELS_BACKEND": "cpu",
+                                        "TORCH_CUDA_ARCH_LIST": "7.5", "CUDA_HOME": str(tmp_path / "cuda")})
+    assert build.backend == "cuda" and build.archs == target.archs
+    assert build.target_version_macro == "-DTORCH_TARGET_VERSION=0x020c000000000000"
+    assert info["index_url"] == "http://127.0.0.1:8000/cu130/simple"

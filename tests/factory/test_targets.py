@@ -58,7 +58,7 @@ BAD = {
     "bad-cuda-arch": ('archs = ["8.0", "9.0"', 'archs = ["sm90", "9.0"', r"CUDA archs must look like"),
     "unknown-rocm-arch": ('archs = ["gfx942"]', 'archs = ["gfx9000"]', r"unknown ROCm archs \['gfx9000'\]"),
     "bad-digest": ('digest = "" }\nruntime', 'digest = "latest" }\nruntime', r"digest must be sha256"),
-    "missing-recipe": ('toolchain = "cpu"', 'toolchain = "fortran"', r"toolchain 'fortran' has no recipe"),
+    "no-index-url": ('index_url = "', 'index_urls = "', r"\[build\] has unknown keys \['index_urls'\]"),
     "unknown-bootstrap": ('offline = { recipe = "bookworm" }', 'offline = { recipe = "jessie" }',
                           r"recipe 'jessie' has no \[bootstrap.jessie\]"),
     "duplicate-variant": ('variant = "cu130"', 'variant = "cpu"', r"variants must be unique"),
@@ -71,6 +71,14 @@ def test_bad_matrix_is_a_clear_error(tmp_path: Path, case: str) -> None:
     edit, replacement, message = BAD[case]
     with pytest.raises(ConfigError, match=message):
         targets.load(copy_matrix(tmp_path, edit, replacement))
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_matrix_control_loads(tmp_path: Path, case: str) -> None:
+    # The positive row of each case: the same copy with its line left as it was loads, so the
+    # error above comes from the edit and nothing else.
+    edit, _, _ = BAD[case]
+    assert targets.load(copy_matrix(tmp_path, edit, edit)).targets
 
 
 def test_unknown_target_lists_the_known_ones() -> None:

@@ -10,7 +10,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
-NOX_STEP = re.compile(r"^pipx run nox==\d[\w.]* -s ([\w-]+|\"\$[A-Z_]+\")")
+# -s SESSION, -s "$SESSION", or a parametrized session such as -s "wheel($TARGET)"
+NOX_STEP = re.compile(r"^pipx run nox==\d[\w.]* -s ([\w-]+|\"\$[A-Z_]+\"|\"[\w-]+\(\$[A-Z_]+\)\")")
 
 
 def _load(path: Path) -> dict:

@@ -100,7 +100,7 @@ def test_dry_run_prints_the_plan(capsys, monkeypatch) -> None:
     assert cli.main(["release", "--dry-run", "--waivers", "rocm-gfx942=no MI300X runner yet"], env={}) == 0
     out = capsys.readouterr().out
     for name in _matrix().targets:
-        assert f'-s wheel -- --target {name} --profile offline' in out
+        assert f'-s "wheel({name})" -- --profile offline' in out
     assert "runs-on ['linux-gpu-h100']" in out and "published under waiver: no MI300X runner yet" in out
     assert "PyPI (trusted publishing, environment pypi): cuda13" in out
 
@@ -120,3 +120,11 @@ def test_github_output_lines(tmp_path) -> None:
     keys = [line.split("=", 1)[0] for line in out.read_text().splitlines()]
     assert keys == ["build", "gate", "dry_run", "gate_predicate_type"]
     assert re.search(r"^dry_run=true$", out.read_text(), re.M)
+
+
+def test_ci_builds_through_the_same_wheel_session_as_the_release() -> None:
+    # noxfile: one `wheel(<target>)` session per target of targets.toml; both workflows name it the same way.
+    ci = yaml.safe_load((WORKFLOWS / "ci.yml").read_text())["jobs"]
+    release_wheel = next(s for s in workflow_matrix.BUILD_STEPS if "wheel(" in s)
+    assert release_wheel.startswith(f'{workflow_matrix.NOX} -s "wheel($TARGET)" -- ')
+    assert any(line.startswith(f'{workflow_matrix.NOX} -s "wheel($TARGET)" -- ') for line in _run_lines(ci["wheel"]))

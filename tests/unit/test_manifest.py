@@ -19,10 +19,13 @@ MI300X = Platform(backend="rocm", arch="gfx942", device_name="MI300X", warp_size
 MI355X = Platform(backend="rocm", arch="gfx950", device_name="MI355X", warp_size=64, runtime_version="7.0.1")
 CPU = Platform(backend="cpu", arch=None, device_name=None, warp_size=1, runtime_version=None)
 
+INDEX = "https://wheels.example/polykernels"
 CUDA_WHEEL = _manifest.BuildInfo(target="cuda13", variant="cu130", backend="cuda",
-                                 archs=("8.0", "9.0", "10.0", "12.0+PTX"), toolkit="13.0", torch_floor="2.11")
+                                 archs=("8.0", "9.0", "10.0", "12.0+PTX"), toolkit="13.0", torch_floor="2.11",
+                                 index_url=f"{INDEX}/cu130/simple")
 GFX942_WHEEL = _manifest.BuildInfo(target="rocm-gfx942", variant="rocm7.gfx942", backend="rocm",
-                                   archs=("gfx942",), toolkit="7.0", torch_floor="2.13")
+                                   archs=("gfx942",), toolkit="7.0", torch_floor="2.13",
+                                   index_url=f"{INDEX}/rocm7.gfx942/simple")
 
 
 @pytest.mark.parametrize("seen", [H100, B200, RTX, A10], ids=lambda p: p.device_name)
@@ -33,6 +36,24 @@ def test_cuda_wheel_runs_on_covered_nvidia(seen: Platform) -> None:
 def test_cuda_wheel_under_rocm_torch_names_the_rocm_wheel() -> None:
     with pytest.raises(ImportError, match=r"CUDA build .* ROCm build .*rocm7\.gfx942/simple polykernels"):
         _manifest.check(CUDA_WHEEL, MI300X, "2.13.0+rocm7.0")
+
+
+def test_refusal_is_a_pasteable_command() -> None:
+    # The manifest names its own variant's index; the refusal names the sibling index that fits.
+    with pytest.raises(ImportError) as refused:
+        _manifest.check(CUDA_WHEEL, MI355X, "2.13.0+rocm7.0")
+    command = str(refused.value).split("To fix, install the matching wheel: ")[1]
+    assert command == f"pip install --force-reinstall --index-url {INDEX}/rocm7.gfx950/simple polykernels"
+    assert "<" not in command
+
+
+def test_arch_is_checked_at_first_device_use_not_at_import() -> None:
+    # Import compares torch.version only (arch unknown): no device query, so nothing to refuse.
+    at_import = Platform(backend="rocm", arch=None, device_name=None, warp_size=64, runtime_version="7.0.1")
+    _manifest.check(GFX942_WHEEL, at_import, "2.13.0+rocm7.0")
+    with pytest.raises(ImportError, match=r"no device code for this GPU \(MI355X, gfx950\)"):
+        _manifest.check_device(GFX942_WHEEL, MI355X)
+    _manifest.check_device(GFX942_WHEEL, MI300X)
 
 
 def test_rocm_wheel_under_cuda_torch_names_the_cuda_wheel() -> None:

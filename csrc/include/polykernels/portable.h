@@ -20,6 +20,8 @@ using pk_error_t = hipError_t;
 #define PK_ERROR_STRING(err) hipGetErrorString(err)
 #define PK_SUCCESS hipSuccess
 #elif defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #define PK_GPU 1
 #define PK_HOST_DEVICE __host__ __device__
@@ -31,6 +33,18 @@ using pk_error_t = cudaError_t;
 #define PK_SUCCESS cudaSuccess
 #else
 #define PK_HOST_DEVICE
+#endif
+
+// Round-to-nearest-even conversion of a FINITE fp32 value to bf16 / fp16 bits. NVIDIA has one
+// instruction for each (cvt.rn.bf16.f32, cvt.rn.f16.f32) with the same result as the portable
+// bit arithmetic of float_bits.h, which serves everywhere else. NaN is excluded: the instruction's
+// NaN bits differ from PyTorch's canonical NaN.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define PK_FINITE_TO_BF16(value) __bfloat16_as_ushort(__float2bfloat16_rn(value))
+#define PK_FINITE_TO_HALF(value) __half_as_ushort(__float2half_rn(value))
+#else
+#define PK_FINITE_TO_BF16(value) ::polykernels::float_to_bf16(value)
+#define PK_FINITE_TO_HALF(value) ::polykernels::float_to_half(value)
 #endif
 
 // Lanes that cooperate on one reduction. 32 on both vendors: on AMD's 64-wide wavefronts a

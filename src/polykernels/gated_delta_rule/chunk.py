@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import itertools
+import functools
+from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
@@ -13,20 +15,88 @@ CHUNK = 64
 MAX_HEAD_DIM = 256
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
+# Context parallelism: sequences are split only while the fused programs (N x HV x V tiles) number
+# fewer than the SMs, into about PROGRAMS_PER_SM programs per SM, keeping at least MIN_SEGMENT_CHUNKS
+# chunks per segment (a segment costs a state and a K x K transition pass). From the H200 sweep
+# (BENCHMARKS.md, "segments"): the best split gave 200-500 programs at every thin shape.
+PROGRAMS_PER_SM = 2
+MIN_SEGMENT_CHUNKS = 8
+
 
 def _block(dim: int) -> int:
     return max(16, 1 << (dim - 1).bit_length())
 
 
-def chunk_table(seq_bounds: list[int]) -> tuple[list[int], list[int]]:
-    """Per chunk (start token, valid length), flattened; and each sequence's first chunk index."""
-    chunks: list[int] = []
-    starts: list[int] = []
-    for start, end in itertools.pairwise(seq_bounds):
-        starts.append(len(chunks) // 2)
-        for chunk_start in range(start, end, CHUNK):
-            chunks += [chunk_start, min(CHUNK, end - chunk_start)]
-    return chunks, starts
+@dataclass(frozen=True, kw_only=True)
+class SegmentPlan:
+    """How each sequence is cut for context parallelism (``segments == 1``: not cut)."""
+
+    segments: int  # per sequence of average length
+    segment_chunks: int  # chunks per segment
+    reason: str
+
+
+def plan_segments(
+    num_seqs: int, total_tokens: int, value_heads: int, value_tiles: int, sm_count: int,
+    num_segments: int | None = None,
+) -> SegmentPlan:
+    """Segments per sequence from (N, HV, T, SMs): enough fused programs to fill the GPU."""
+    chunks = max(1, -(-total_tokens // num_seqs // CHUNK))
+    programs = num_seqs * value_heads * value_tiles
+    if num_segments is not None:
+        segments, why = num_segments, f"{num_segments} segments per sequence requested"
+    elif programs >= sm_count:
+        segments, why = 1, f"{programs} programs (N x HV x V tiles) for {sm_count} SMs: no split"
+    else:
+        wanted = -(-PROGRAMS_PER_SM * sm_count // programs)
+        segments = max(1, min(wanted, chunks // MIN_SEGMENT_CHUNKS))
+        why = (f"{programs} programs (N x HV x V tiles) for {sm_count} SMs: {segments} segments of "
+               f">= {MIN_SEGMENT_CHUNKS} chunks per sequence")
+    segments = max(1, min(segments, chunks))
+    return SegmentPlan(segments=segments, segment_chunks=-(-chunks // segments), reason=why)
+
+
+def _sm_count(device: torch.device) -> int:
+    # The Triton interpreter (CPU tensors) has no SMs to fill: one, so only explicit splits happen.
+    return _cuda_sm_count(device) if device.type == "cuda" else 1
+
+
+@functools.cache
+def _cuda_sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@functools.cache
+def _launchers() -> SimpleNamespace:
+    from polykernels._launch import Launcher
+    from polykernels.gated_delta_rule import kernels
+
+    return SimpleNamespace(
+        plan=Launcher(kernels.gdn_plan_kernel),
+        prepare=Launcher(kernels.gdn_prepare_kernel),
+        segment_state=Launcher(kernels.gdn_segment_state_kernel),
+        combine=Launcher(kernels.gdn_combine_kernel),
+        fused=Launcher(kernels.gdn_fused_kernel),
+    )
+
+
+@functools.cache
+def _unused_offsets(device: torch.device) -> torch.Tensor:
+    """Stands for the offset tables of packed sequences in launches that do not read them."""
+    return torch.zeros(1, dtype=torch.int64, device=device)
+
+
+# (BV, num_warps, num_stages) of the fused and segment kernels per padded K: a K x BV fp32 state
+# tile and the chunk's tiles live in registers. Chosen on the H200 (BENCHMARKS.md, "GDN launch").
+FUSED_LAUNCH: dict[int, tuple[int, int, int]] = {16: (64, 4, 1), 32: (64, 4, 1), 64: (64, 4, 1), 128: (64, 4, 1),
+                                                 256: (32, 8, 1)}
+
+
+def launch_config(key_dim: int, value_dim: int) -> tuple[int, int, int, int]:
+    """(BK, BV, num_warps, num_stages) of the fused and segment kernels."""
+    block_k = _block(key_dim)
+    block_v, num_warps, num_stages = FUSED_LAUNCH[block_k]
+    return block_k, min(_block(value_dim), block_v), num_warps, num_stages
 
 
 def launch_chunk_gated_delta_rule(
@@ -40,57 +110,85 @@ def launch_chunk_gated_delta_rule(
     output_final_state: bool,
     cu_seqlens: torch.Tensor | None,
     use_qk_l2norm_in_kernel: bool,
+    num_segments: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    from polykernels.gated_delta_rule.kernels import gdn_output_kernel, gdn_prepare_kernel, gdn_scan_kernel
-
+    """Runs the Triton kernels. No host synchronization and no host-built tables: capturable in a CUDA graph."""
     batch, tokens, heads, key_dim = q.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
-    # B sequences of T tokens are packed sequences of equal length.
-    bounds = [b * tokens for b in range(batch + 1)] if cu_seqlens is None else [int(x) for x in cu_seqlens.tolist()]
-    num_seqs = len(bounds) - 1
-    chunks, chunk_starts = chunk_table(bounds)
-    num_chunks = len(chunks) // 2
-    device = q.device
-    chunk_tensor = torch.tensor(chunks or [0, 0], dtype=torch.int64, device=device)
-    seq_tensor = torch.tensor(bounds, dtype=torch.int64, device=device)
-    starts_tensor = torch.tensor(chunk_starts, dtype=torch.int64, device=device)
-
+    varlen = cu_seqlens is not None
+    num_seqs = cu_seqlens.shape[0] - 1 if varlen else batch
     total = batch * tokens
-    dtype = q.dtype
-    block_k, block_v = _block(key_dim), _block(value_dim)
-    precision = guards.dot_precision(fp32_inputs=dtype == torch.float32)
-    o = torch.empty(batch, tokens, value_heads, value_dim, dtype=v.dtype, device=device)
+    device = q.device
+    o = torch.empty_like(v)
     final = torch.empty(num_seqs, value_heads, key_dim, value_dim, dtype=torch.float32, device=device)
-    if num_chunks == 0:
+    if total == 0 or num_seqs == 0:
         if output_final_state:
             final.copy_(initial_state if initial_state is not None else torch.zeros_like(final))
         return o, final if output_final_state else None
 
-    g = g.float().contiguous()
-    gate_cumsum = torch.empty(total, value_heads, dtype=torch.float32, device=device)
-    w = torch.empty(total, value_heads, key_dim, dtype=dtype, device=device)
-    u = torch.empty(total, value_heads, value_dim, dtype=dtype, device=device)
-    v_new = torch.empty_like(u)
-    states = torch.empty(num_chunks, value_heads, key_dim, value_dim, dtype=dtype, device=device)
-    shape = {"H": heads, "HV": value_heads, "K": key_dim, "V": value_dim, "BT": CHUNK, "BK": block_k}
-    prepare_bv = min(block_v, 64)
-    gdn_prepare_kernel[(num_chunks, value_heads)](
-        k, v, g, beta, w, u, gate_cumsum, chunk_tensor, **shape, BV=prepare_bv,
-        NV=-(-value_dim // prepare_bv), L2NORM=use_qk_l2norm_in_kernel, DOT_PRECISION=precision, num_warps=4,
+    run = _launchers()
+    block_k, block_v, num_warps, num_stages = launch_config(key_dim, value_dim)
+    value_tiles = -(-value_dim // block_v)
+    plan = plan_segments(num_seqs, total, value_heads, value_tiles, _sm_count(device), num_segments)
+    split = plan.segments > 1
+    precision = guards.dot_precision(fp32_inputs=q.dtype == torch.float32)
+    log_n = max(1, num_seqs.bit_length())
+    shape = {"H": heads, "HV": value_heads, "K": key_dim}
+
+    # Unsplit, a segment is a whole sequence: longer than any sequence can be.
+    segment_chunks = plan.segment_chunks if split else 2**34
+    if varlen:
+        # Chunk and segment counts per sequence are computed on the GPU: no host round trip.
+        offsets = torch.empty(2, num_seqs + 1, dtype=torch.int64, device=device)
+        chunk_offsets, seg_offsets = offsets[0], offsets[1]
+        cu = cu_seqlens
+        max_chunks = -(-total // CHUNK) + num_seqs
+        max_segments = -(-max_chunks // plan.segment_chunks) + num_seqs if split else num_seqs
+        segments_per_seq = 1
+        run.plan((1,), (cu, chunk_offsets, seg_offsets, num_seqs, segment_chunks), BT=CHUNK, BLOCK=1024,
+                 num_warps=4, num_stages=1)
+    else:
+        chunk_offsets = seg_offsets = cu = _unused_offsets(device)
+        chunks_per_seq = -(-tokens // CHUNK)
+        max_chunks = num_seqs * chunks_per_seq
+        segments_per_seq = -(-chunks_per_seq // plan.segment_chunks) if split else 1
+        max_segments = num_seqs * segments_per_seq
+    segment_tokens = segment_chunks * CHUNK
+
+    ai = torch.empty(total, value_heads, CHUNK, dtype=q.dtype, device=device)
+    run.prepare(
+        (max_chunks, value_heads),
+        (k, g, beta, ai, cu, chunk_offsets, tokens, num_seqs, -(-tokens // CHUNK)),
+        **shape, BT=CHUNK, BK=block_k, L2NORM=use_qk_l2norm_in_kernel, VARLEN=varlen, LOG_N=log_n,
+        DOT_PRECISION=precision, num_warps=4, num_stages=1,
     )
-    # Thin parallelism (N x HV x V/BV programs) is what limits the scan: narrow V tiles.
-    scan_bv = min(block_v, 16 if block_k > 128 else 32)
     initial = initial_state.float().contiguous() if initial_state is not None else final
-    gdn_scan_kernel[(-(-value_dim // scan_bv), num_seqs, value_heads)](
-        k, w, u, gate_cumsum, initial, final, states, v_new, seq_tensor, starts_tensor, **shape, BV=scan_bv,
-        L2NORM=use_qk_l2norm_in_kernel, HAS_INITIAL=initial_state is not None, STORE_FINAL=output_final_state,
-        DOT_PRECISION=precision, num_warps=4,
-    )
-    # One V tile per program when V <= 128: the q.k^T scores are then computed once per chunk.
-    output_bv = min(block_v, 128)
-    gdn_output_kernel[(num_chunks, -(-value_dim // output_bv), value_heads)](
-        q, k, gate_cumsum, states, v_new, o, chunk_tensor, scale, **shape, BV=output_bv,
-        L2NORM=use_qk_l2norm_in_kernel, DOT_PRECISION=precision, num_warps=4,
+    segment_shape = {**shape, "V": value_dim, "BT": CHUNK, "BK": block_k, "BV": block_v}
+    h_init = final
+    if split:
+        h_local = torch.empty(max_segments, value_heads, key_dim, value_dim, dtype=torch.float32, device=device)
+        transitions = torch.empty(max_segments, value_heads, key_dim, key_dim, dtype=torch.float32, device=device)
+        h_init = torch.empty_like(h_local)
+        run.segment_state(
+            (value_tiles + -(-key_dim // block_v), max_segments, value_heads),
+            (k, v, g, beta, ai, h_local, transitions, cu, seg_offsets, tokens, num_seqs, segments_per_seq,
+             segment_tokens),
+            **segment_shape, NV=value_tiles, L2NORM=use_qk_l2norm_in_kernel, VARLEN=varlen, LOG_N=log_n,
+            DOT_PRECISION=precision, num_warps=num_warps, num_stages=num_stages,
+        )
+        run.combine(
+            (value_tiles, num_seqs, value_heads),
+            (initial, h_local, transitions, h_init, cu, seg_offsets, num_seqs, segments_per_seq),
+            HV=value_heads, K=key_dim, V=value_dim, BK=block_k, BV=block_v, KB=32,
+            HAS_INITIAL=initial_state is not None, VARLEN=varlen, DOT_PRECISION=precision, num_warps=4, num_stages=1,
+        )
+    run.fused(
+        (value_tiles, max_segments, value_heads),
+        (q, k, v, g, beta, ai, initial, h_init, final, o, cu, seg_offsets, tokens, num_seqs, segments_per_seq,
+         segment_tokens, scale),
+        **segment_shape, L2NORM=use_qk_l2norm_in_kernel, VARLEN=varlen, LOG_N=log_n, SPLIT=split,
+        HAS_INITIAL=initial_state is not None, STORE_FINAL=output_final_state, DOT_PRECISION=precision,
+        num_warps=num_warps, num_stages=num_stages,
     )
     return o, final if output_final_state else None
 
@@ -107,18 +205,17 @@ def _chunk_gated_delta_rule_op(
     output_final_state: bool,
     cu_seqlens: torch.Tensor | None,
     use_qk_l2norm_in_kernel: bool,
+    num_segments: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    args = (q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm_in_kernel)
-    if guards.choose(q.device.type).path == "triton":
-        o, final = launch_chunk_gated_delta_rule(*args)
-    else:
-        o, final = chunk_gated_delta_rule_torch(*args)
+    o, final = _run(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm_in_kernel,
+                    num_segments)
     # A custom op cannot return None: an empty tensor stands for "no final state".
     return o, final if final is not None else q.new_empty(0, dtype=torch.float32)
 
 
 @_chunk_gated_delta_rule_op.register_fake
-def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm_in_kernel):  # noqa: ANN001
+def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm_in_kernel,  # noqa: ANN001
+      num_segments):  # noqa: ANN001
     num_seqs = q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
     o = v.new_empty(v.shape)
     if not output_final_state:
@@ -126,9 +223,27 @@ def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, us
     return o, q.new_empty(num_seqs, v.shape[2], k.shape[3], v.shape[3], dtype=torch.float32)
 
 
+def _run(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, scale: float,
+    initial_state: torch.Tensor | None, output_final_state: bool, cu_seqlens: torch.Tensor | None,
+    use_qk_l2norm_in_kernel: bool, num_segments: int | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    if guards.choose(q.device.type).path == "triton":
+        return launch_chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+                                             use_qk_l2norm_in_kernel, num_segments)
+    return chunk_gated_delta_rule_torch(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
+                                        use_qk_l2norm_in_kernel)
+
+
+def _check_flag(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return value
+
+
 def _check(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-    initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None,
+    initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None, num_segments: int | None,
 ) -> None:
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         if not isinstance(t, torch.Tensor):
@@ -165,12 +280,12 @@ def _check(
             raise TypeError("cu_seqlens must be a 1-D int32/int64 tensor of sequence boundaries")
         if batch != 1:
             raise ValueError(f"cu_seqlens requires B == 1 (sequences packed along T), got B = {batch}")
-        bounds = cu_seqlens.tolist()
-        if len(bounds) < 2 or bounds[0] != 0 or bounds[-1] != tokens:
-            raise ValueError(f"cu_seqlens must start at 0 and end at T = {tokens}, got {bounds[:3]}...{bounds[-1:]}")
-        if any(b > a for a, b in zip(bounds[1:], bounds[:-1], strict=True)):
-            raise ValueError("cu_seqlens must be non-decreasing")
-        num_seqs = len(bounds) - 1
+        if cu_seqlens.device != q.device:
+            raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but q is on {q.device}")
+        if cu_seqlens.shape[0] < 2:
+            raise ValueError(f"cu_seqlens must hold at least 2 boundaries, got {cu_seqlens.shape[0]}")
+        _check_boundaries(cu_seqlens, tokens)
+        num_seqs = cu_seqlens.shape[0] - 1
     if initial_state is not None:
         expected = (num_seqs, value_heads, key_dim, value_dim)
         if not isinstance(initial_state, torch.Tensor) or tuple(initial_state.shape) != expected:
@@ -179,6 +294,24 @@ def _check(
             raise ValueError(f"initial_state must be [N, HV, K, V] = {list(expected)}, got {got}")
         if initial_state.device != q.device:
             raise ValueError(f"initial_state is on {initial_state.device} but q is on {q.device}")
+    if num_segments is not None and (isinstance(num_segments, bool) or not isinstance(num_segments, int)
+                                     or num_segments < 1):
+        raise ValueError(f"num_segments must be None or a positive int, got {num_segments!r}")
+
+
+def _check_boundaries(cu_seqlens: torch.Tensor, tokens: int) -> None:
+    """The values of cu_seqlens, where reading them is allowed.
+
+    Reading them costs a device-to-host copy, which a CUDA graph cannot capture and torch.compile
+    cannot trace: there the contract is the caller's (as in FLA and vLLM).
+    """
+    if torch.compiler.is_compiling() or (cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return
+    bounds = cu_seqlens.tolist()
+    if bounds[0] != 0 or bounds[-1] != tokens:
+        raise ValueError(f"cu_seqlens must start at 0 and end at T = {tokens}, got {bounds[:3]}...{bounds[-1:]}")
+    if any(b > a for a, b in zip(bounds[1:], bounds[:-1], strict=True)):
+        raise ValueError("cu_seqlens must be non-decreasing")
 
 
 def chunk_gated_delta_rule(
@@ -192,26 +325,44 @@ def chunk_gated_delta_rule(
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
     use_qk_l2norm_in_kernel: bool = False,
+    *,
+    num_segments: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked gated delta rule forward (Qwen3-Next / Qwen3.5 linear attention).
 
     Args:
         q, k: ``[B, T, H, K]``; v: ``[B, T, HV, V]`` with ``HV % H == 0`` (value head i reads
             key head ``i // (HV // H)``); one dtype of bf16/fp16/fp32; K, V <= 256.
-        g: ``[B, T, HV]`` log-space gates (<= 0), computed in fp32. beta: ``[B, T, HV]``.
-        scale: defaults to ``K ** -0.5``.
+        g: ``[B, T, HV]`` log-space gates, computed in fp32. They must be <= 0 (decays in (0, 1]),
+            as Qwen's ``-exp(A) softplus(.)`` gates are; this is not checked on the device (it
+            would cost a synchronization per call), and positive gates can overflow.
+        beta: ``[B, T, HV]``.
+        scale: defaults to ``K ** -0.5``; must be finite.
         initial_state: ``[N, HV, K, V]`` (fp32 state), N = B or ``len(cu_seqlens) - 1``.
         cu_seqlens: ``[N + 1]`` int sequence boundaries of packed sequences (requires B == 1).
+            Their values are checked in eager mode; under CUDA-graph capture and torch.compile
+            they are trusted.
         use_qk_l2norm_in_kernel: l2-normalize q and k over the head dim first.
+        num_segments: segments per sequence for context parallelism (default: chosen from N, HV, T
+            and the SM count; ``polykernels info`` shows the rule). For tests and tuning.
 
     Returns:
         ``(o, final_state)``: o ``[B, T, HV, V]`` in v's dtype; final_state ``[N, HV, K, V]``
         fp32 when ``output_final_state``, else None. GPU tensors run the Triton kernels (CUDA and
-        ROCm); CPU tensors run the chunked torch implementation.
+        ROCm); CPU tensors run the chunked torch implementation. A NaN/Inf in a token's inputs
+        makes that token's output and every later one of its sequence NaN, never an earlier one.
     """
-    _check(q, k, v, g, beta, initial_state, cu_seqlens)
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    o, final = _chunk_gated_delta_rule_op(
-        q, k, v, g, beta, scale, initial_state, bool(output_final_state), cu_seqlens, bool(use_qk_l2norm_in_kernel)
-    )
-    return o, final if output_final_state else None
+    output_final_state = _check_flag(output_final_state, "output_final_state")
+    use_qk_l2norm_in_kernel = _check_flag(use_qk_l2norm_in_kernel, "use_qk_l2norm_in_kernel")
+    _check(q, k, v, g, beta, initial_state, cu_seqlens, num_segments)
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not float("-inf") < scale < float("inf"):
+        raise ValueError(f"scale must be a finite number, got {scale!r}")
+    if torch.compiler.is_compiling():
+        o, final = _chunk_gated_delta_rule_op(q, k, v, g, beta, float(scale), initial_state, output_final_state,
+                                              cu_seqlens, use_qk_l2norm_in_kernel, num_segments)
+        return o, final if output_final_state else None
+    # Eager: straight to the launch; the custom op's dispatch costs more host time than the kernels.
+    return _run(q, k, v, g, beta, float(scale), initial_state, output_final_state, cu_seqlens,
+                use_qk_l2norm_in_kernel, num_segments)

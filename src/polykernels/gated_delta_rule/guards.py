@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 from polykernels import platform
+from polykernels.platform import Choice
 
 
-@dataclass(frozen=True)
-class GdnPath:
-    path: str  # "triton" or "torch"
-    reason: str
-
-
-def choose(device_type: str) -> GdnPath:
+def choose(device_type: str) -> Choice:
+    """``Choice.path``: "triton" or "torch"."""
     if device_type != "cuda":
-        return GdnPath("torch", f"{device_type} tensors run the chunked torch implementation")
+        return Choice("torch", f"{device_type} tensors run the chunked torch implementation")
     if not platform.has_triton():
-        return GdnPath("torch", "triton is not installed")
+        return Choice("torch", "triton is not installed")
     seen = platform.current()
-    return GdnPath("triton", f"{seen.backend} {seen.arch}: Triton chunked kernels (int64 offsets)")
+    return Choice("triton", f"{seen.backend} {seen.arch}: Triton chunked kernels (int64 offsets)")
 
 
 def dot_precision(fp32_inputs: bool) -> str:
@@ -36,9 +29,5 @@ def dot_precision(fp32_inputs: bool) -> str:
     return "tf32"  # NVIDIA, gfx942, and the CPU interpreter (which ignores it)
 
 
-def describe() -> dict[str, Callable[[], tuple[str, str]]]:
-    def run() -> tuple[str, str]:
-        choice = choose("cuda" if platform.current().is_gpu else "cpu")
-        return choice.path, choice.reason
-
-    return {"chunk_gated_delta_rule": run}
+def describe() -> dict[str, Choice]:
+    return {"chunk_gated_delta_rule": choose("cuda" if platform.current().is_gpu else "cpu")}

@@ -104,6 +104,12 @@ def chunk_gated_delta_rule_torch(
 
             qc, kc, vc = chunks(qf), chunks(kf), chunks(vf)
             gc, bc = chunks(gf), chunks(betaf)
+            # A token with a non-finite k, v, g or beta, and the rest of its chunk, take no part in
+            # the products (0 x NaN = NaN would reach earlier tokens); their outputs become NaN below.
+            bad = ~(kc.isfinite().all(-1) & vc.isfinite().all(-1) & gc.isfinite() & bc.isfinite())
+            poisoned = bad.cummax(-1).values
+            kc, vc = (torch.where(poisoned[..., None], 0.0, x) for x in (kc, vc))
+            gc, bc = (torch.where(poisoned, 0.0, x) for x in (gc, bc))
             gate = gc.cumsum(-1)
             decay = (gate[..., :, None] - gate[..., None, :]).tril().exp().tril()
             lower = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).tril(-1)
@@ -116,13 +122,15 @@ def chunk_gated_delta_rule_torch(
             outputs = []
             for c in range(padded // CHUNK):
                 v_new = u[:, c] - w[:, c] @ state
-                scores = (qc[:, c] @ kc[:, c].transpose(-1, -2)) * decay[:, c] * causal
-                outputs.append(scale * (gate[:, c].exp()[..., None] * (qc[:, c] @ state) + scores @ v_new))
+                scores = torch.where(causal, (qc[:, c] @ kc[:, c].transpose(-1, -2)) * decay[:, c], 0.0)
+                chunk_out = scale * (gate[:, c].exp()[..., None] * (qc[:, c] @ state) + scores @ v_new)
+                outputs.append(torch.where(poisoned[:, c, :, None], float("nan"), chunk_out))
                 valid = min(CHUNK, length - c * CHUNK)
                 last = gate[:, c, valid - 1]
                 tail = (last[:, None] - gate[:, c]).exp()
                 tail[:, valid:] = 0
                 state = state * last.exp()[:, None, None] + kc[:, c].transpose(-1, -2) @ (v_new * tail[..., None])
+                state = torch.where(poisoned[:, c].any(-1)[:, None, None], float("nan"), state)
             out[b, start:end] = torch.cat(outputs, dim=1)[:, :length].transpose(0, 1)
         finals.append(state)
     final = torch.stack(finals) if output_final_state else None

@@ -1,34 +1,65 @@
-"""Registers the gated-delta-rule kernels with polykernels.kernel_registry (Qwen3-Next's shapes)."""
+"""Registers the gated-delta-rule kernels with polykernels.kernel_registry (Qwen3-Next's shapes).
+
+Packed sequences (VARLEN) and the context-parallel path are the specializations registered:
+they compile every branch of the segment arithmetic.
+"""
 
 from polykernels.gated_delta_rule.guards import dot_precision
 from polykernels.kernel_registry import KernelSpec, register
 
-_SHAPE = {"H": 16, "HV": 32, "K": 128, "V": 128, "BT": 64, "BK": 128}
 _MODULE = "polykernels.gated_delta_rule.kernels"
+_SHAPE = {"H": 16, "HV": 32, "K": 128, "BT": 64, "BK": 128}
+_SEGMENTS = {"VARLEN": True, "LOG_N": 4, "L2NORM": True}
+
+
+def _constexpr(*names: str) -> dict[str, str]:
+    return dict.fromkeys(names, "constexpr")
+
+
+def _precision() -> dict[str, str]:
+    return {"DOT_PRECISION": dot_precision(fp32_inputs=False)}
+
 
 register(KernelSpec(
+    name="gdn_plan", module=_MODULE, function="gdn_plan_kernel",
+    signature={"CU": "*i32", "CHUNK_OFFSETS": "*i64", "SEG_OFFSETS": "*i64", "N": "i32", "SEG_CHUNKS": "i64",
+               **_constexpr("BT", "BLOCK")},
+    constexprs={"BT": 64, "BLOCK": 1024},
+))
+register(KernelSpec(
     name="gdn_prepare", module=_MODULE, function="gdn_prepare_kernel",
-    signature={"K_ptr": "*bf16", "V_ptr": "*bf16", "G_ptr": "*fp32", "BETA_ptr": "*bf16", "W_ptr": "*bf16",
-               "U_ptr": "*bf16", "GC_ptr": "*fp32", "CHUNKS": "*i64", **dict.fromkeys(
-                   ("H", "HV", "K", "V", "BT", "BK", "BV", "NV", "L2NORM", "DOT_PRECISION"), "constexpr")},
-    constexprs={**_SHAPE, "BV": 64, "NV": 2, "L2NORM": True, },
-    platform_constexprs=lambda: {"DOT_PRECISION": dot_precision(fp32_inputs=False)},
+    signature={"K_ptr": "*bf16", "G_ptr": "*fp32", "BETA_ptr": "*bf16", "AI_ptr": "*bf16", "CU": "*i32",
+               "CHUNK_OFFSETS": "*i64", "T": "i32", "N": "i32", "CHUNKS_PER_SEQ": "i32",
+               **_constexpr("H", "HV", "K", "BT", "BK", "L2NORM", "VARLEN", "LOG_N", "DOT_PRECISION")},
+    constexprs={**_SHAPE, **_SEGMENTS},
+    platform_constexprs=_precision,
 ))
 register(KernelSpec(
-    name="gdn_scan", module=_MODULE, function="gdn_scan_kernel",
-    signature={"K_ptr": "*bf16", "W_ptr": "*bf16", "U_ptr": "*bf16", "GC_ptr": "*fp32", "H0_ptr": "*fp32",
-               "HT_ptr": "*fp32", "HS_ptr": "*bf16", "VNEW_ptr": "*bf16", "SEQS": "*i64", "CHUNK_STARTS": "*i64",
-               **dict.fromkeys(("H", "HV", "K", "V", "BT", "BK", "BV", "L2NORM", "HAS_INITIAL", "STORE_FINAL",
-                                "DOT_PRECISION"), "constexpr")},
-    constexprs={**_SHAPE, "BV": 32, "L2NORM": True, "HAS_INITIAL": True, "STORE_FINAL": True,
-                },
-    platform_constexprs=lambda: {"DOT_PRECISION": dot_precision(fp32_inputs=False)},
+    name="gdn_segment_state", module=_MODULE, function="gdn_segment_state_kernel",
+    signature={"K_ptr": "*bf16", "V_ptr": "*bf16", "G_ptr": "*fp32", "BETA_ptr": "*bf16", "AI_ptr": "*bf16",
+               "HLOC_ptr": "*fp32", "M_ptr": "*fp32", "CU": "*i32", "SEG_OFFSETS": "*i64", "T": "i32", "N": "i32",
+               "SEGS_PER_SEQ": "i32", "SEG_TOKENS": "i64",
+               **_constexpr("H", "HV", "K", "V", "BT", "BK", "BV", "NV", "L2NORM", "VARLEN", "LOG_N",
+                            "DOT_PRECISION")},
+    constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": 64, "NV": 2},
+    platform_constexprs=_precision,
 ))
 register(KernelSpec(
-    name="gdn_output", module=_MODULE, function="gdn_output_kernel",
-    signature={"Q_ptr": "*bf16", "K_ptr": "*bf16", "GC_ptr": "*fp32", "HS_ptr": "*bf16", "VNEW_ptr": "*bf16",
-               "O_ptr": "*bf16", "CHUNKS": "*i64", "scale": "fp32",
-               **dict.fromkeys(("H", "HV", "K", "V", "BT", "BK", "BV", "L2NORM", "DOT_PRECISION"), "constexpr")},
-    constexprs={**_SHAPE, "BV": 128, "L2NORM": True},
-    platform_constexprs=lambda: {"DOT_PRECISION": dot_precision(fp32_inputs=False)},
+    name="gdn_combine", module=_MODULE, function="gdn_combine_kernel",
+    signature={"H0_ptr": "*fp32", "HLOC_ptr": "*fp32", "M_ptr": "*fp32", "HINIT_ptr": "*fp32", "CU": "*i32",
+               "SEG_OFFSETS": "*i64", "N": "i32", "SEGS_PER_SEQ": "i32",
+               **_constexpr("HV", "K", "V", "BK", "BV", "KB", "HAS_INITIAL", "VARLEN", "DOT_PRECISION")},
+    constexprs={"HV": 32, "K": 128, "V": 128, "BK": 128, "BV": 64, "KB": 32, "HAS_INITIAL": True, "VARLEN": True},
+    platform_constexprs=_precision,
+))
+register(KernelSpec(
+    name="gdn_fused", module=_MODULE, function="gdn_fused_kernel",
+    signature={"Q_ptr": "*bf16", "K_ptr": "*bf16", "V_ptr": "*bf16", "G_ptr": "*fp32", "BETA_ptr": "*bf16",
+               "AI_ptr": "*bf16", "H0_ptr": "*fp32", "HINIT_ptr": "*fp32", "HT_ptr": "*fp32", "O_ptr": "*bf16",
+               "CU": "*i32", "SEG_OFFSETS": "*i64", "T": "i32", "N": "i32", "SEGS_PER_SEQ": "i32",
+               "SEG_TOKENS": "i64", "scale": "fp32",
+               **_constexpr("H", "HV", "K", "V", "BT", "BK", "BV", "L2NORM", "VARLEN", "LOG_N", "SPLIT",
+                            "HAS_INITIAL", "STORE_FINAL", "DOT_PRECISION")},
+    constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": 64, "SPLIT": True, "HAS_INITIAL": True, "STORE_FINAL": True},
+    platform_constexprs=_precision,
 ))

@@ -8,24 +8,18 @@ is true, so on ROCm it is never compiled, let alone launched.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Literal
 
 import torch
 
 from polykernels import platform
+from polykernels.platform import Choice
 
 MAX_D = 16384
 PathName = Literal["ptx", "triton", "torch"]
 Preference = Literal["auto", "portable"]
 _preference: Preference = "auto"
-
-
-@dataclass(frozen=True)
-class NormPath:
-    path: PathName
-    reason: str
 
 
 @contextlib.contextmanager
@@ -41,37 +35,37 @@ def prefer(preference: Preference) -> Iterator[None]:
         _preference = previous
 
 
-def choose(device_type: str, dtype: torch.dtype, contiguous: bool, exact_epilogue: bool = True) -> NormPath:
+def preference() -> Preference:
+    return _preference
+
+
+def choose(device_type: str, dtype: torch.dtype, contiguous: bool, exact_epilogue: bool = True) -> Choice:
+    """``Choice.path`` is one of ``PathName``."""
     seen = platform.current()
     if device_type != "cuda":
-        return NormPath("torch", f"{device_type} tensors run the pure-torch reference")
+        return Choice("torch", f"{device_type} tensors run the pure-torch reference")
     if not seen.is_gpu:
-        return NormPath("torch", "torch reports no GPU")
+        return Choice("torch", "torch reports no GPU")
     if not platform.has_triton():
-        return NormPath("torch", "triton is not installed")
-    if not platform.has_inline_ptx():
-        return NormPath("triton", f"{seen.backend} {seen.arch}: inline PTX cannot compile here; portable Triton")
+        return Choice("torch", "triton is not installed")
+    if not ptx_allowed():
+        return Choice("triton", f"{seen.backend} {seen.arch}: inline PTX cannot compile here; portable Triton")
     if not exact_epilogue:
-        return NormPath("triton", "this op has no PTX specialization")
+        return Choice("triton", "this op has no PTX specialization")
     if _preference == "portable":
-        return NormPath("triton", "portable path requested")
+        return Choice("triton", "portable path requested")
     if dtype not in (torch.float32, torch.float16, torch.bfloat16) or not contiguous:
-        return NormPath("triton", "input outside the PTX path's contract (dtype or layout)")
-    return NormPath("ptx", f"CUDA {seen.arch}: inline-PTX epilogue, bit-exact with eager fp32 rounding")
+        return Choice("triton", "input outside the PTX path's contract (dtype or layout)")
+    return Choice("ptx", f"CUDA {seen.arch}: inline-PTX epilogue, bit-exact with eager fp32 rounding")
 
 
-def describe() -> dict[str, Callable[[], tuple[str, str]]]:
+def ptx_allowed() -> bool:
+    """Where the inline-PTX specialization may be compiled at all (the compile matrix asks this)."""
+    return platform.has_inline_ptx()
+
+
+def describe() -> dict[str, Choice]:
+    """The path each op of the family takes here for a typical (bf16, contiguous) input."""
     device = "cuda" if platform.current().is_gpu else "cpu"
-
-    def for_op(exact: bool) -> Callable[[], tuple[str, str]]:
-        def run() -> tuple[str, str]:
-            choice = choose(device, torch.bfloat16, contiguous=True, exact_epilogue=exact)
-            return choice.path, choice.reason
-
-        return run
-
-    return {
-        "layernorm_modulate": for_op(True),
-        "rmsnorm_scale_shift": for_op(True),
-        "qk_rmsnorm": for_op(False),
-    }
+    return {op: choose(device, torch.bfloat16, contiguous=True, exact_epilogue=exact)
+            for op, exact in (("layernorm_modulate", True), ("rmsnorm_scale_shift", True), ("qk_rmsnorm", False))}

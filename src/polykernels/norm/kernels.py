@@ -38,46 +38,59 @@ def _rsqrt_rn(a):
 @triton.jit
 def norm_modulate_kernel(
     X, Y, W, SHIFT, SCALE, MEAN, RSTD,
-    L, D,
+    rows, L, D,
     stride_shift_b, stride_shift_l, stride_scale_b, stride_scale_l,
     eps,
     BLOCK_D: tl.constexpr,
+    ROWS: tl.constexpr,
     IS_RMS: tl.constexpr,
     EXACT_PTX: tl.constexpr,
+    TILE_MODULATION: tl.constexpr,
+    STORE_STATS: tl.constexpr,
 ):
+    # ROWS rows per program. TILE_MODULATION: all of them belong to one sample and the
+    # modulation is per sample, so shift/scale are loaded once as one row and broadcast.
     # Offsets in int64: rows x D passes 2^31 for long FLUX sequences at large batch.
-    row = tl.program_id(0).to(tl.int64)
-    batch = row // L
-    token = row % L
+    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
+    row_mask = row < rows
     cols = tl.arange(0, BLOCK_D)
-    mask = cols < D
-    x = tl.load(X + row * D + cols, mask=mask, other=0.0).to(tl.float32)
-    scale = tl.load(SCALE + batch * stride_scale_b + token * stride_scale_l + cols, mask=mask, other=0.0)
-    shift = tl.load(SHIFT + batch * stride_shift_b + token * stride_shift_l + cols, mask=mask, other=0.0)
-    scale = scale.to(tl.float32)
-    shift = shift.to(tl.float32)
+    col_mask = cols < D
+    mask = row_mask[:, None] & col_mask[None, :]
+    x = tl.load(X + row[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if TILE_MODULATION:
+        batch = (tl.program_id(0).to(tl.int64) * ROWS) // L
+        scale = tl.load(SCALE + batch * stride_scale_b + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+        shift = tl.load(SHIFT + batch * stride_shift_b + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    else:
+        batch = row // L
+        token = row % L
+        scale = tl.load(SCALE + (batch * stride_scale_b + token * stride_scale_l)[:, None] + cols[None, :],
+                        mask=mask, other=0.0).to(tl.float32)
+        shift = tl.load(SHIFT + (batch * stride_shift_b + token * stride_shift_l)[:, None] + cols[None, :],
+                        mask=mask, other=0.0).to(tl.float32)
     if IS_RMS:
-        mean = 0.0
+        mean = tl.zeros([ROWS], dtype=tl.float32)
         centered = x
     else:
-        mean = tl.sum(x, axis=0) / D
-        centered = tl.where(mask, x - mean, 0.0)
-    var = tl.sum(centered * centered, axis=0) / D
+        mean = tl.sum(x, axis=1) / D
+        centered = tl.where(mask, x - mean[:, None], 0.0)
+    var = tl.sum(centered * centered, axis=1) / D
     if EXACT_PTX:
         rstd = _rsqrt_rn(var + eps)
-        normed = _mul_rn(centered, rstd)
+        normed = _mul_rn(centered, rstd[:, None])
         if IS_RMS:
-            normed = _mul_rn(normed, tl.load(W + cols, mask=mask, other=0.0).to(tl.float32))
+            normed = _mul_rn(normed, tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :])
         y = _add_rn(_mul_rn(normed, _add_rn(scale, 1.0)), shift)
     else:
         rstd = tl.math.rsqrt(var + eps)
-        normed = centered * rstd
+        normed = centered * rstd[:, None]
         if IS_RMS:
-            normed = normed * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+            normed = normed * tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
         y = normed * (1.0 + scale) + shift
-    tl.store(Y + row * D + cols, y.to(Y.dtype.element_ty), mask=mask)
-    tl.store(MEAN + row, mean)
-    tl.store(RSTD + row, rstd)
+    tl.store(Y + row[:, None] * D + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    if STORE_STATS:
+        tl.store(MEAN + row, mean, mask=row_mask)
+        tl.store(RSTD + row, rstd, mask=row_mask)
 
 
 @triton.jit
@@ -105,10 +118,15 @@ def qk_rmsnorm_kernel(
         _rmsnorm_rows(K, KO, WK, first_row, k_rows, head_dim, eps, ROWS, BLOCK_D)
 
 
-def launch_config(block_d: int) -> int:
-    """num_warps for a row of ``block_d`` elements: enough threads to keep ~8-16 per thread."""
-    if block_d <= 1024:
-        return 4
-    if block_d <= 4096:
-        return 8
-    return 16
+# (ROWS, num_warps) per padded row width: several rows per program at small D, so a program
+# moves enough bytes; more warps at large D, so each thread holds about 16 elements per row.
+# Chosen on the H200 (BENCHMARKS.md, "norm launch table").
+NORM_LAUNCH: dict[int, tuple[int, int]] = {
+    16: (64, 4), 32: (64, 4), 64: (32, 4), 128: (16, 4), 256: (8, 4), 512: (4, 4), 1024: (4, 4),
+    2048: (4, 8), 4096: (4, 8), 8192: (2, 16), 16384: (1, 16),
+}
+
+
+def launch_config(block_d: int) -> tuple[int, int]:
+    """(rows per program, num_warps) for rows of ``block_d`` (a power of two) elements."""
+    return NORM_LAUNCH[max(16, block_d)]

@@ -1,9 +1,18 @@
-"""Public FLUX norm ops: argument checks, the guard, the launch; registered as torch custom ops."""
+"""Public FLUX norm ops: argument checks, the guard, the launch; registered as torch triton ops.
+
+Eager GPU calls launch the kernel directly (a few microseconds of host time); under
+torch.compile the public functions call the ``torch.library.triton_op`` registrations, whose
+bodies launch through ``wrap_triton`` so the compiler sees the kernel itself.
+"""
 
 from __future__ import annotations
 
+import functools
+from types import SimpleNamespace
+
 import torch
 
+from polykernels import platform
 from polykernels.norm import guards, reference
 from polykernels.norm.guards import MAX_D
 
@@ -26,141 +35,196 @@ def _check_x(x: object, name: str = "x", dims: int = 3) -> torch.Tensor:
     return x
 
 
-def _check_modulation(mod: object, name: str, x: torch.Tensor) -> torch.Tensor:
-    """Returns ``mod`` as a [B, 1 or L, D] view; accepts [B, D], [B, 1, D], [B, L, D]."""
+def _check_eps(eps: object) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 < eps < float("inf"):
+        raise ValueError(f"eps must be a finite positive number, got {eps!r}")
+    return float(eps)
+
+
+def _check_modulation(mod: object, name: str, x: torch.Tensor) -> tuple[int, int]:
+    """Checks a [B, D], [B, 1, D] or [B, L, D] modulation; returns its (batch, token) strides.
+
+    A per-sample modulation is read with a token stride of 0, without making a view.
+    """
     if not isinstance(mod, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(mod).__name__}")
     batch, tokens, dim = x.shape
-    if mod.dtype not in (x.dtype, torch.float32):
+    if mod.dtype is not x.dtype and mod.dtype is not torch.float32:
         raise TypeError(f"{name} must be {x.dtype} (like x) or float32, got {mod.dtype}")
     if mod.device != x.device:
         raise ValueError(f"{name} is on {mod.device} but x is on {x.device}")
-    view = mod[:, None, :] if mod.dim() == 2 else mod
-    if view.dim() != 3 or view.shape[0] != batch or view.shape[2] != dim or view.shape[1] not in (1, tokens):
+    shape = mod.shape
+    if mod.dim() == 2:
+        per_token = False
+        ok = shape[0] == batch and shape[1] == dim
+    else:
+        per_token = mod.dim() == 3 and shape[1] == tokens and tokens > 1
+        ok = mod.dim() == 3 and shape[0] == batch and shape[2] == dim and shape[1] in (1, tokens)
+    if not ok:
         raise ValueError(
             f"{name} must be [B, D], [B, 1, D] or [B, L, D] = [{batch}, {tokens}, {dim}] for x of shape "
             f"{tuple(x.shape)}, got {tuple(mod.shape)}"
         )
-    if view.stride(2) != 1:
+    if mod.stride(-1) != 1 and dim > 1:
         raise ValueError(f"{name}'s last dimension must be contiguous (stride 1), got strides {mod.stride()}")
-    return view
+    return mod.stride(0), mod.stride(1) if per_token else 0
 
 
 def _check_weight(weight: object, name: str, dim: int, like: torch.Tensor) -> torch.Tensor:
     if not isinstance(weight, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(weight).__name__}")
-    if weight.shape != (dim,):
+    if weight.dim() != 1 or weight.shape[0] != dim:
         raise ValueError(f"{name} must have shape ({dim},) to match the last dimension, got {tuple(weight.shape)}")
     if weight.dtype not in _FLOATS:
         raise TypeError(f"{name} must be a float tensor, got {weight.dtype}")
     if weight.device != like.device:
         raise ValueError(f"{name} is on {weight.device} but the input is on {like.device}")
-    return weight.contiguous()
+    return weight if weight.is_contiguous() else weight.contiguous()
+
+
+@functools.cache
+def _launchers() -> SimpleNamespace:
+    from polykernels._launch import Launcher
+    from polykernels.norm import kernels
+
+    return SimpleNamespace(norm=Launcher(kernels.norm_modulate_kernel), qk=Launcher(kernels.qk_rmsnorm_kernel))
+
+
+def _norm_meta(x: torch.Tensor, weight: torch.Tensor | None, strides: tuple[int, int, int, int], exact: bool,
+               stats: bool) -> tuple[tuple[int], dict[str, object]]:
+    from polykernels.norm.kernels import launch_config
+
+    batch, tokens, dim = x.shape
+    block = _next_power_of_2(dim)
+    rows_per_program, num_warps = launch_config(block)
+    per_sample = strides[1] == 0 and strides[3] == 0
+    grid = (-(-(batch * tokens) // rows_per_program),)
+    return grid, {
+        "BLOCK_D": block, "ROWS": rows_per_program, "IS_RMS": weight is not None, "EXACT_PTX": exact,
+        "TILE_MODULATION": per_sample and tokens % rows_per_program == 0, "STORE_STATS": stats,
+        "num_warps": num_warps, "num_stages": 1,
+    }
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
 
 
 def _launch_norm(
-    x: torch.Tensor, weight: torch.Tensor | None, shift: torch.Tensor, scale: torch.Tensor, eps: float, exact: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Runs the Triton row kernel; returns (y, mean, rstd) (mean is 0 for RMS)."""
-    import triton
-
-    from polykernels.norm.kernels import launch_config, norm_modulate_kernel
-
-    batch, tokens, dim = x.shape
-
-    def strides(mod: torch.Tensor) -> tuple[int, int]:
-        view = mod if mod.dim() == 3 else mod[:, None]
-        # A per-sample modulation ([B, 1, D]) is read with a token stride of 0.
-        return view.stride(0), view.stride(1) if view.shape[1] == tokens and tokens > 1 else 0
-
+    x: torch.Tensor, weight: torch.Tensor | None, shift: torch.Tensor, scale: torch.Tensor, eps: float, exact: bool,
+    stats: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Runs the Triton row kernel; returns (y, mean, rstd), the statistics only when asked (mean is 0 for RMS)."""
+    strides = (*_check_modulation(shift, "shift", x), *_check_modulation(scale, "scale", x))
+    grid, meta = _norm_meta(x, weight, strides, exact, stats)
     y = torch.empty_like(x)
-    rows = batch * tokens
-    mean = torch.empty(rows, device=x.device, dtype=torch.float32)
-    rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
-    block = triton.next_power_of_2(dim)
-    norm_modulate_kernel[(rows,)](
-        x, y, weight if weight is not None else x, shift, scale, mean, rstd,
-        tokens, dim, *strides(shift), *strides(scale), eps,
-        BLOCK_D=block, IS_RMS=weight is not None, EXACT_PTX=exact, num_warps=launch_config(block),
-    )
+    rows = x.shape[0] * x.shape[1]
+    mean = rstd = None
+    if stats:
+        mean = torch.empty(rows, device=x.device, dtype=torch.float32)
+        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+    args = (x, y, weight if weight is not None else x, shift, scale, mean if stats else y, rstd if stats else y,
+            rows, x.shape[1], x.shape[2], *strides, eps)
+    _launchers().norm(grid, args, **meta)
     return y, mean, rstd
 
 
-@torch.library.custom_op("polykernels::layernorm_modulate", mutates_args=())
+# (device index, dtype, exact epilogue wanted, preference) -> path: the guard runs once per class
+# of call, not per call (it reads the platform and looks for triton).
+_path_cache: dict[tuple, str] = {}
+
+
+def _gpu_path(x: torch.Tensor, exact_epilogue: bool) -> str:
+    key = (x.device.index, x.dtype, exact_epilogue, guards.preference(), platform.current())
+    path = _path_cache.get(key)
+    if path is None:
+        path = _path_cache[key] = guards.choose("cuda", x.dtype, True, exact_epilogue=exact_epilogue).path
+    return path
+
+
+@torch.library.triton_op("polykernels::layernorm_modulate", mutates_args=())
 def _layernorm_modulate_op(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
-    choice = guards.choose(x.device.type, x.dtype, x.is_contiguous())
-    if choice.path == "torch":
-        return reference.layernorm_modulate_reference(x, shift, scale, eps)
-    return _launch_norm(x, None, shift, scale, eps, exact=choice.path == "ptx")[0]
+    return _norm_modulate_traced(x, None, shift, scale, eps)
 
 
-@_layernorm_modulate_op.register_fake
-def _(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
-    return torch.empty_like(x)
-
-
-@torch.library.custom_op("polykernels::rmsnorm_scale_shift", mutates_args=())
+@torch.library.triton_op("polykernels::rmsnorm_scale_shift", mutates_args=())
 def _rmsnorm_scale_shift_op(
     x: torch.Tensor, weight: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float
 ) -> torch.Tensor:
-    choice = guards.choose(x.device.type, x.dtype, x.is_contiguous())
-    if choice.path == "torch":
+    return _norm_modulate_traced(x, weight, shift, scale, eps)
+
+
+def _norm_modulate_traced(
+    x: torch.Tensor, weight: torch.Tensor | None, shift: torch.Tensor, scale: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """The triton_op body: torch.compile sees the kernel launch itself (wrap_triton)."""
+    path = guards.choose(x.device.type, x.dtype, True).path
+    if path == "torch":
+        if weight is None:
+            return reference.layernorm_modulate_reference(x, shift, scale, eps)
         return reference.rmsnorm_scale_shift_reference(x, weight, shift, scale, eps)
-    return _launch_norm(x, weight, shift, scale, eps, exact=choice.path == "ptx")[0]
+    from polykernels.norm.kernels import norm_modulate_kernel
+
+    strides = (*_check_modulation(shift, "shift", x), *_check_modulation(scale, "scale", x))
+    grid, meta = _norm_meta(x, weight, strides, path == "ptx", False)
+    y = torch.empty_like(x)
+    rows = x.shape[0] * x.shape[1]
+    torch.library.wrap_triton(norm_modulate_kernel)[grid](
+        x, y, weight if weight is not None else x, shift, scale, y, y, rows, x.shape[1], x.shape[2], *strides, eps,
+        **meta,
+    )
+    return y
 
 
-@_rmsnorm_scale_shift_op.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
-    return torch.empty_like(x)
-
-
-@torch.library.custom_op("polykernels::qk_rmsnorm", mutates_args=())
+@torch.library.triton_op("polykernels::qk_rmsnorm", mutates_args=())
 def _qk_rmsnorm_op(
     q: torch.Tensor, k: torch.Tensor, weight_q: torch.Tensor, weight_k: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    choice = guards.choose(q.device.type, q.dtype, True, exact_epilogue=False)
-    if choice.path == "torch":
+    if guards.choose(q.device.type, q.dtype, True, exact_epilogue=False).path == "torch":
         return reference.qk_rmsnorm_reference(q, k, weight_q, weight_k, eps)
-    return launch_qk_rmsnorm(q, k, weight_q, weight_k, eps)
+    return _launch_qk(q, k, weight_q, weight_k, eps, only_q=False, traced=True)
 
 
-@_qk_rmsnorm_op.register_fake
-def _(q: torch.Tensor, k: torch.Tensor, weight_q: torch.Tensor, weight_k: torch.Tensor, eps: float) -> tuple:
-    return torch.empty_like(q), torch.empty_like(k)
-
-
-@torch.library.custom_op("polykernels::head_rmsnorm", mutates_args=())
+@torch.library.triton_op("polykernels::head_rmsnorm", mutates_args=())
 def _head_rmsnorm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    choice = guards.choose(x.device.type, x.dtype, True, exact_epilogue=False)
-    if choice.path == "torch":
+    if guards.choose(x.device.type, x.dtype, True, exact_epilogue=False).path == "torch":
         return reference.rmsnorm_reference(x, weight, eps)
-    return launch_qk_rmsnorm(x, x, weight, weight, eps, only_q=True)[0]
-
-
-@_head_rmsnorm_op.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return torch.empty_like(x)
+    return _launch_qk(x, x, weight, weight, eps, only_q=True, traced=True)[0]
 
 
 def launch_qk_rmsnorm(
     q: torch.Tensor, k: torch.Tensor, weight_q: torch.Tensor, weight_k: torch.Tensor, eps: float,
     only_q: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    import triton
+    return _launch_qk(q, k, weight_q, weight_k, eps, only_q=only_q, traced=False)
 
-    from polykernels.norm.kernels import qk_rmsnorm_kernel
+
+def _launch_qk(
+    q: torch.Tensor, k: torch.Tensor, weight_q: torch.Tensor, weight_k: torch.Tensor, eps: float, *, only_q: bool,
+    traced: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    from polykernels.norm.kernels import launch_config, qk_rmsnorm_kernel
 
     head_dim = q.shape[-1]
     q_out = torch.empty_like(q)
     k_out = q_out if only_q else torch.empty_like(k)
     q_rows, k_rows = q.numel() // head_dim, k.numel() // head_dim
-    block = triton.next_power_of_2(head_dim)
-    rows_per_program = max(1, min(16, 2048 // block))
+    block = _next_power_of_2(head_dim)
+    rows_per_program, num_warps = launch_config(block)
     # Axis 1 = 2 normalizes q and k in one launch; 1 normalizes q alone.
-    grid = (triton.cdiv(max(q_rows, k_rows), rows_per_program), 1 if only_q else 2)
-    qk_rmsnorm_kernel[grid](q, k, weight_q, weight_k, q_out, k_out, q_rows, k_rows, head_dim, eps,
-                            ROWS=rows_per_program, BLOCK_D=block, num_warps=4)
+    grid = (-(-max(q_rows, k_rows) // rows_per_program), 1 if only_q else 2)
+    args = (q, k, weight_q, weight_k, q_out, k_out, q_rows, k_rows, head_dim, eps)
+    meta = {"ROWS": rows_per_program, "BLOCK_D": block, "num_warps": num_warps, "num_stages": 1}
+    if traced:
+        torch.library.wrap_triton(qk_rmsnorm_kernel)[grid](*args, **meta)
+    else:
+        _launchers().qk(grid, args, **meta)
     return q_out, k_out
+
+
+def _eager_gpu(x: torch.Tensor) -> bool:
+    """GPU tensors in eager mode go straight to the launch: the op's dispatch costs more than the kernel."""
+    return x.is_cuda and not torch.compiler.is_compiling()
 
 
 def layernorm_modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -170,13 +234,19 @@ def layernorm_modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor
         x: ``[B, L, D]`` bf16/fp16/fp32, contiguous, D <= 16384.
         shift, scale: ``[B, D]`` or ``[B, 1, D]`` (per sample; may be strided views of one
             chunked projection, last dim contiguous) or ``[B, L, D]`` (per token); x's dtype or fp32.
-        eps: added to the variance.
+        eps: added to the variance; a finite positive number.
 
     Statistics are fp32; the result is ``[B, L, D]`` in x's dtype, rounded once.
     """
     x = _check_x(x)
-    shift, scale = _check_modulation(shift, "shift", x), _check_modulation(scale, "scale", x)
-    return _layernorm_modulate_op(x, shift, scale, float(eps))
+    eps = _check_eps(eps)
+    _check_modulation(shift, "shift", x)
+    _check_modulation(scale, "scale", x)
+    if _eager_gpu(x):
+        path = _gpu_path(x, exact_epilogue=True)
+        if path != "torch":
+            return _launch_norm(x, None, shift, scale, eps, exact=path == "ptx")[0]
+    return _layernorm_modulate_op(x, shift, scale, eps)
 
 
 def rmsnorm_scale_shift(
@@ -184,15 +254,25 @@ def rmsnorm_scale_shift(
 ) -> torch.Tensor:
     """``(x * rsqrt(mean(x^2) + eps) * weight) * (1 + scale) + shift``, fused; shapes as layernorm_modulate."""
     x = _check_x(x)
+    eps = _check_eps(eps)
     weight = _check_weight(weight, "weight", x.shape[-1], x)
-    shift, scale = _check_modulation(shift, "shift", x), _check_modulation(scale, "scale", x)
-    return _rmsnorm_scale_shift_op(x, weight, shift, scale, float(eps))
+    _check_modulation(shift, "shift", x)
+    _check_modulation(scale, "scale", x)
+    if _eager_gpu(x):
+        path = _gpu_path(x, exact_epilogue=True)
+        if path != "torch":
+            return _launch_norm(x, weight, shift, scale, eps, exact=path == "ptx")[0]
+    return _rmsnorm_scale_shift_op(x, weight, shift, scale, eps)
 
 
 def head_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """Per-head RMSNorm with weight of one ``[B, L, heads, head_dim]`` tensor (a torch.nn.RMSNorm over head_dim)."""
     x = _check_x(x, "x", dims=4)
-    return _head_rmsnorm_op(x, _check_weight(weight, "weight", x.shape[-1], x), float(eps))
+    eps = _check_eps(eps)
+    weight = _check_weight(weight, "weight", x.shape[-1], x)
+    if _eager_gpu(x) and _gpu_path(x, exact_epilogue=False) != "torch":
+        return _launch_qk(x, x, weight, weight, eps, only_q=True, traced=False)[0]
+    return _head_rmsnorm_op(x, weight, eps)
 
 
 def qk_rmsnorm(
@@ -200,6 +280,7 @@ def qk_rmsnorm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-head RMSNorm with weight of q and k ``[B, L, heads, head_dim]`` in one launch."""
     q, k = _check_x(q, "q", dims=4), _check_x(k, "k", dims=4)
+    eps = _check_eps(eps)
     if q.shape[-1] != k.shape[-1] or q.dtype != k.dtype or q.device != k.device:
         raise ValueError(
             f"q and k must share head_dim, dtype and device; got {tuple(q.shape)} {q.dtype} {q.device} "
@@ -207,4 +288,6 @@ def qk_rmsnorm(
         )
     weight_q = _check_weight(weight_q, "weight_q", q.shape[-1], q)
     weight_k = _check_weight(weight_k, "weight_k", k.shape[-1], k)
-    return _qk_rmsnorm_op(q, k, weight_q, weight_k, float(eps))
+    if _eager_gpu(q) and _gpu_path(q, exact_epilogue=False) != "torch":
+        return _launch_qk(q, k, weight_q, weight_k, eps, only_q=False, traced=False)
+    return _qk_rmsnorm_op(q, k, weight_q, weight_k, eps)

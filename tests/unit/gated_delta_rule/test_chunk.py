@@ -88,6 +88,77 @@ def test_triton_kernels_varlen_mixed_lengths() -> None:
                         num_seqs=len(lengths))
 
 
+@pytest.mark.cpu_only
+@pytest.mark.parametrize(("batch", "tokens", "segments"), [(1, 300, 3), (2, 200, 2), (1, 130, 5)],
+                         ids=["B1-T300-3seg", "B2-T200-2seg", "B1-T130-one-chunk-segments"])
+def test_triton_context_parallel_segments_match_naive(batch: int, tokens: int, segments: int) -> None:
+    # Segments start from a zero state and the identity, then a scan gives each its initial state.
+    dtype = torch.float32
+    inputs = make_inputs(batch, tokens, 1, 2, 32, 48, dtype)
+
+    def run(*args):
+        return launch_chunk_gated_delta_rule(*args, num_segments=segments)
+
+    check_against_naive(run, inputs, dtype, initial=True)
+
+
+@pytest.mark.cpu_only
+def test_triton_varlen_sequences_split_independently() -> None:
+    lengths = [10, 250, 0, 40]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    dtype = torch.float32
+    inputs = make_inputs(1, int(cu[-1]), 1, 2, 32, 32, dtype)
+
+    def run(*args):
+        return launch_chunk_gated_delta_rule(*args, num_segments=3)
+
+    check_against_naive(run, inputs, dtype, initial=True, cu_seqlens=cu, num_seqs=len(lengths))
+
+
+def _nan_causality(run, device: str, positions) -> None:
+    """A non-finite input at token t: outputs before t stay finite, and t (k/v/g/beta: onwards) is NaN."""
+    for name in ("q", "k", "v", "g", "beta"):
+        for t in positions:
+            inputs = dict(zip(["q", "k", "v", "g", "beta"], make_inputs(1, 130, 1, 1, 32, 32, torch.float32,
+                                                                        device=device), strict=True))
+            inputs[name][0, t, 0] = float("inf") if name == "v" else float("nan")
+            o, state = run(*inputs.values())
+            finite = torch.isfinite(o[0, :, 0]).all(-1).cpu()
+            assert finite[:t].all(), (name, t, "an earlier token became non-finite")
+            assert not finite[t], (name, t)
+            if name == "q":  # q reaches only its own token's output
+                assert finite[t + 1:].all() and torch.isfinite(state).all(), (name, t)
+            else:
+                assert not finite[t:].any() and not torch.isfinite(state).any(), (name, t)
+
+
+NAN_POSITIONS = [0, 6, 63, 64, 100, 129]
+
+
+@pytest.mark.cpu_only
+@pytest.mark.parametrize("segments", [None, 2], ids=["whole", "2-segments"])
+def test_triton_nan_never_reaches_earlier_tokens(segments) -> None:
+    _nan_causality(lambda *a: launch_chunk_gated_delta_rule(*a, 0.2, None, True, None, False, segments), "cpu",
+                   NAN_POSITIONS)
+
+
+def test_torch_chunked_nan_never_reaches_earlier_tokens() -> None:
+    _nan_causality(lambda *a: chunk_gated_delta_rule_torch(*a, 0.2, None, True), "cpu", range(130))
+
+
+def test_segment_plan_fills_the_gpu_and_can_be_forced() -> None:
+    from polykernels.gated_delta_rule.chunk import plan_segments
+
+    # Qwen3.5 split 8 ways: 1 sequence x 8 value heads x 2 V tiles = 16 programs for 132 SMs.
+    thin = plan_segments(1, 65536, 8, 2, 132)
+    assert thin.segments > 8 and thin.segment_chunks * thin.segments >= 1024
+    # B8 x 32 heads x 2 V tiles = 512 programs: no split, unless asked.
+    assert plan_segments(8, 8 * 4096, 32, 2, 132).segments == 1
+    assert plan_segments(8, 8 * 4096, 32, 2, 132, num_segments=3).segments == 3
+    # Never more segments than chunks.
+    assert plan_segments(1, 100, 1, 1, 132).segments == 2
+
+
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_torch_chunked_matches_naive(case: str, dtype: torch.dtype) -> None:
@@ -119,6 +190,17 @@ def test_torch_compile_traces_the_op() -> None:
     assert torch.allclose(compiled(*inputs), chunk_gated_delta_rule(*inputs)[0] * 2)
 
 
+def test_torch_compile_fullgraph_with_cu_seqlens() -> None:
+    # The packed prefill path: checking cu_seqlens' values must not break the graph.
+    inputs = make_inputs(1, 20, 1, 2, 16, 16, torch.float32)
+    cu = torch.tensor([0, 7, 20])
+    compiled = torch.compile(lambda *a: chunk_gated_delta_rule(*a, cu_seqlens=cu, output_final_state=True),
+                             fullgraph=True, backend="aot_eager")
+    got_o, got_s = compiled(*inputs)
+    want_o, want_s = chunk_gated_delta_rule(*inputs, cu_seqlens=cu, output_final_state=True)
+    assert torch.allclose(got_o, want_o) and torch.allclose(got_s, want_s)
+
+
 def _inputs(**changes):
     base = dict(zip(["q", "k", "v", "g", "beta"], make_inputs(1, 8, 2, 4, 16, 16, torch.float32), strict=True))
     base.update(changes)
@@ -140,13 +222,28 @@ def _inputs(**changes):
         ({"cu_seqlens": torch.tensor([0.0, 8.0])}, TypeError, r"cu_seqlens must be a 1-D int32/int64 tensor"),
         ({"initial_state": torch.zeros(2, 4, 16, 16)}, ValueError, r"initial_state must be \[N, HV, K, V\] = \[1, 4"),
         ({"q": torch.randn(1, 8, 2, 300), "k": torch.randn(1, 8, 2, 300)}, ValueError, r"between 1 and 256"),
+        ({"use_qk_l2norm_in_kernel": "no"}, TypeError, r"use_qk_l2norm_in_kernel must be a bool, got str"),
+        ({"output_final_state": 1}, TypeError, r"output_final_state must be a bool, got int"),
+        ({"scale": float("nan")}, ValueError, r"scale must be a finite number, got nan"),
+        ({"scale": "0.1"}, ValueError, r"scale must be a finite number"),
+        ({"num_segments": 0}, ValueError, r"num_segments must be None or a positive int, got 0"),
     ],
     ids=["k-shape", "hv-not-multiple", "v-tokens", "g-heads", "beta-int", "dtype-mix", "non-contiguous",
-         "cu-decreasing", "cu-end", "cu-float", "h0-shape", "k-too-large"],
+         "cu-decreasing", "cu-end", "cu-float", "h0-shape", "k-too-large", "l2norm-str", "final-int", "scale-nan",
+         "scale-str", "segments-zero"],
 )
 def test_bad_input_names_the_argument(changes, error, match) -> None:
     with pytest.raises(error, match=match):
         chunk_gated_delta_rule(**_inputs(**changes))
+
+
+@pytest.mark.parametrize("changes", [{}, {"scale": 0.5}, {"use_qk_l2norm_in_kernel": True}, {"num_segments": 2},
+                                     {"cu_seqlens": torch.tensor([0, 3, 8])}],
+                         ids=["defaults", "scale", "l2norm", "segments", "cu_seqlens"])
+def test_good_input_runs(changes) -> None:
+    o, final = chunk_gated_delta_rule(**_inputs(**changes), output_final_state=True)
+    assert torch.isfinite(o).all() and torch.isfinite(final).all()
+    assert final.shape[0] == (2 if "cu_seqlens" in changes else 1)
 
 
 def test_cu_seqlens_requires_batch_one() -> None:
@@ -177,15 +274,52 @@ def test_gpu_varlen_and_l2norm(gpu_device: str) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("segments", [None, 1, 7], ids=["auto", "whole", "7-segments"])
+def test_gpu_segments_match_naive(gpu_device: str, segments) -> None:
+    inputs = make_inputs(2, 1000, 2, 8, 128, 128, torch.bfloat16, device=gpu_device)
+
+    def run(*args):
+        return launch_chunk_gated_delta_rule(*args, num_segments=segments)
+
+    check_against_naive(run, inputs, torch.bfloat16, initial=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("segments", [None, 2], ids=["whole", "2-segments"])
+def test_gpu_nan_never_reaches_earlier_tokens(gpu_device: str, segments) -> None:
+    _nan_causality(lambda *a: launch_chunk_gated_delta_rule(*a, 0.2, None, True, None, False, segments), gpu_device,
+                   range(130))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("packed", [False, True], ids=["batched", "cu_seqlens"])
+def test_gpu_capturable_in_a_cuda_graph(gpu_device: str, packed: bool) -> None:
+    # No host-built tables and no host synchronization: a CUDA graph replays the op.
+    inputs = make_inputs(1, 4096, 2, 8, 128, 128, torch.bfloat16, device=gpu_device)
+    cu = torch.tensor([0, 1000, 4096], device=gpu_device) if packed else None
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        chunk_gated_delta_rule(*inputs, cu_seqlens=cu, output_final_state=True)  # compile outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = chunk_gated_delta_rule(*inputs, cu_seqlens=cu, output_final_state=True)
+    inputs[2].mul_(2)  # new values, same buffers
+    graph.replay()
+    want = chunk_gated_delta_rule(*inputs, cu_seqlens=cu, output_final_state=True)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.gpu
 @pytest.mark.slow
-def test_gpu_state_buffer_past_2_pow_31_elements(gpu_device: str) -> None:
-    # HV = 32, K = V = 128: the per-chunk state buffer passes 2^31 elements beyond 4096 chunks.
-    # The oracle needs no dense reference: the same sequence in segments chained through
-    # final_state -> initial_state must give the same output and state.
+def test_gpu_offsets_past_2_pow_31_elements(gpu_device: str) -> None:
+    # HV = 32, K = V = 128: q, k, v and o pass 2^31 elements beyond 524,288 tokens, on the
+    # segmented (context-parallel) path. The oracle needs no dense reference: the same sequence
+    # in pieces chained through final_state -> initial_state must give the same output and state.
     from benchmarks.gdn_large_index import run_large_index_check
 
-    result = run_large_index_check(tokens=4096 * 64 + 4096, device=gpu_device)
-    assert result["state_elements"] > 2**31
+    result = run_large_index_check(device=gpu_device)
+    assert result["elements"] > 2**31 and result["segments"] > 1
     assert result["o_error"] < 5e-3 and result["state_error"] < 5e-3, result
 
 
@@ -195,7 +329,7 @@ def test_kernels_compile_for_amd(target: str) -> None:
     # MI300X / MI355X code objects from this CPU: no kernel of the op is CUDA-only.
     from polykernels.kernel_registry import probe
 
-    for kernel in ("gdn_prepare", "gdn_scan", "gdn_output"):
+    for kernel in ("gdn_plan", "gdn_prepare", "gdn_segment_state", "gdn_combine", "gdn_fused"):
         result = probe(kernel, target)
         assert result.compiled and result.consistent, result.detail
 

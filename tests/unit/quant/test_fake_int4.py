@@ -105,7 +105,9 @@ def test_fake_tensor_shapes() -> None:
 )
 def test_bad_input_names_the_argument(x: object, group_size: object, error: type | None, match: str | None) -> None:
     if error is None:
-        fake_int4_quant(x, group_size)  # meta tensors go through the fake kernel
+        out, scale, zero = fake_int4_quant(x, group_size)  # meta tensors go through the fake kernel
+        assert out.device.type == "meta" and out.shape == x.shape and out.dtype == x.dtype
+        assert scale.shape == zero.shape == (2, 2) and scale.dtype == torch.float32 and zero.dtype == torch.int8
         return
     with pytest.raises(error, match=match):
         fake_int4_quant(x, group_size)

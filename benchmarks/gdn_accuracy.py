@@ -1,0 +1,53 @@
+"""python -m benchmarks.gdn_accuracy: bf16 error of ours and FLA against the fp64 recurrence.
+
+Relative RMS error (the spec's measure) of o and the final state at every benchmark shape, both
+implementations on the same inputs; the goal is ours <= 1.5x FLA's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+
+import torch
+
+from benchmarks.registry import GDN_SHAPES, gdn_inputs
+
+
+def relative_rms_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    diff = (actual.double() - expected.double()).pow(2).mean().sqrt()
+    return float(diff / expected.double().pow(2).mean().sqrt().clamp_min(1e-30))
+
+
+def main(max_tokens: int) -> list[dict]:
+    from polykernels.gated_delta_rule import chunk_gated_delta_rule, naive_recurrent_gated_delta_rule
+
+    fla = None
+    if importlib.util.find_spec("fla") is not None:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla
+    rows = []
+    for name, batch, tokens, heads, value_heads, lengths in GDN_SHAPES:
+        if batch * tokens > max_tokens:
+            continue
+        inputs = gdn_inputs(batch, tokens, heads, value_heads, "cuda")
+        cu = None
+        if lengths is not None:
+            cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+        want_o, want_s = naive_recurrent_gated_delta_rule(*(t.double() for t in inputs), output_final_state=True,
+                                                          cu_seqlens=cu)
+        row = {"shape": name}
+        impls = {"polykernels": chunk_gated_delta_rule}
+        if fla is not None:
+            impls["FLA"] = fla
+        for impl, fn in impls.items():
+            o, state = fn(*inputs, output_final_state=True, cu_seqlens=cu)
+            row[f"{impl} o"] = f"{relative_rms_error(o, want_o):.2e}"
+            row[f"{impl} state"] = f"{relative_rms_error(state, want_s):.2e}"
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 1 << 30)

@@ -1,0 +1,31 @@
+"""Registers the norm kernels with polykernels.kernel_registry (FLUX's widest rows).
+
+The inline-PTX specializations are allowed exactly where the launcher's guard would pick them
+(``guards.ptx_allowed``), asked under each target's platform by the compile matrix.
+"""
+
+from polykernels.kernel_registry import KernelSpec, register
+from polykernels.norm.guards import ptx_allowed
+
+_MODULE = "polykernels.norm.kernels"
+_NORM_SIGNATURE = {
+    "X": "*bf16", "Y": "*bf16", "W": "*bf16", "SHIFT": "*bf16", "SCALE": "*bf16", "MEAN": "*fp32", "RSTD": "*fp32",
+    "rows": "i32", "L": "i32", "D": "i32", "stride_shift_b": "i32", "stride_shift_l": "i32", "stride_scale_b": "i32",
+    "stride_scale_l": "i32", "eps": "fp32", "BLOCK_D": "constexpr", "ROWS": "constexpr", "IS_RMS": "constexpr",
+    "EXACT_PTX": "constexpr", "TILE_MODULATION": "constexpr", "STORE_STATS": "constexpr",
+}
+_SHAPE = {"BLOCK_D": 4096, "ROWS": 4, "TILE_MODULATION": True, "STORE_STATS": False}
+
+for _name, _is_rms in (("layernorm_modulate", False), ("rmsnorm_scale_shift", True)):
+    register(KernelSpec(name=_name, module=_MODULE, function="norm_modulate_kernel", signature=_NORM_SIGNATURE,
+                        constexprs={**_SHAPE, "IS_RMS": _is_rms, "EXACT_PTX": False}))
+    register(KernelSpec(name=f"{_name}_ptx", module=_MODULE, function="norm_modulate_kernel",
+                        signature=_NORM_SIGNATURE, constexprs={**_SHAPE, "IS_RMS": _is_rms, "EXACT_PTX": True},
+                        allowed=ptx_allowed))
+register(KernelSpec(
+    name="qk_rmsnorm", module=_MODULE, function="qk_rmsnorm_kernel",
+    signature={"Q": "*bf16", "K": "*bf16", "WQ": "*bf16", "WK": "*bf16", "QO": "*bf16", "KO": "*bf16",
+               "q_rows": "i32", "k_rows": "i32", "head_dim": "i32", "eps": "fp32",
+               "ROWS": "constexpr", "BLOCK_D": "constexpr"},
+    constexprs={"ROWS": 16, "BLOCK_D": 128},
+))
