@@ -291,7 +291,8 @@ class BuildStableExtension(build_ext):
 def _version(env: Mapping[str, str]) -> str:
     text = (ROOT / "src" / "polykernels" / "_version.py").read_text()
     base = re.search(r'__version__ = "([^"]+)"', text).group(1)  # type: ignore[union-attr]
-    variant = json.loads(env.get("POLYKERNELS_BUILD_INFO") or "{}").get("variant")
+    info = json.loads(env.get("POLYKERNELS_BUILD_INFO") or "{}")
+    variant = info.get("variant") if info.get("local_label", True) else None  # PyPI's target: no label
     return f"{base}+{variant}" if variant else base
 
 

@@ -51,9 +51,11 @@ def check_manifest(wheel: Wheel, target: Target) -> CheckResult:
     problems = [f"manifest {k}={v!r}, target says {expected[k]!r}" for k, v in wrong.items()]
     if not info.get("index_url"):
         problems.append("manifest has no index_url (a refusal at import could not say where to install from)")
-    if not version or version.group(1) != file_version or not file_version.endswith(f"+{target.variant}"):
+    label = "" if target.pypi else f"+{target.variant}"
+    labelled_right = "+" not in file_version if target.pypi else file_version.endswith(label)
+    if not version or version.group(1) != file_version or not labelled_right:
         problems.append(f"version label: file {file_version}, METADATA {version and version.group(1)}, "
-                        f"expected +{target.variant} in both")
+                        f"expected {label or 'no local label (the PyPI target)'} in both")
     return CheckResult("manifest", not problems, "; ".join(problems) or f"{file_version}, {info['image_digest'][:19]}")
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from polykernels_build import build_step, gate, publish, release, targets
+from polykernels_build import build_step, gate, publish, release, targets, workflow_matrix
 from polykernels_build.backends import Host
 from polykernels_build.errors import CheckError, ConfigError, FatalError, GateError
 from polykernels_build.log import Reporter
@@ -65,6 +65,19 @@ def _options(settings: Settings) -> dict[str, tuple[tuple[str, ...], dict[str, A
         "partial": (("--partial",), {"action": "store_true",
                                      "help": "publish what passed even if other targets did not"}),
         "port": (("--port",), {"type": int, "default": 8000}),
+        # The release workflow's verbs (each step of release.yml is one of them, through nox).
+        "dry_run": (("--dry-run",), {"nargs": "?", "const": "true", "default": "false", "metavar": "true|false",
+                                     "help": "release: print the plan a tag push runs in GitHub Actions; "
+                                             "release-matrix: the workflow's dry-run input"}),
+        "waivers": (("--waivers",), {"default": "", "help": "the workflow's waive input: TARGET=reason;..."}),
+        "github_output": (("--github-output",), {"type": Path, "help": "append outputs here (GITHUB_OUTPUT)"}),
+        "artifacts": (("--artifacts",), {"type": Path, "required": True,
+                                         "help": "the downloaded wheel-<target> artifacts"}),
+        "repo": (("--repo",), {"required": True, "help": "OWNER/REPO whose release workflow must have signed"}),
+        "previous_index": (("--previous-index",), {"default": "", "help": "the live index's base URL (Pages)"}),
+        "pages": (("--pages",), {"type": Path, "default": settings.build_dir / "pages"}),
+        "pypi_dir": (("--pypi-dir",), {"type": Path, "default": settings.build_dir / "pypi"}),
+        "check": (("--check",), {"action": "store_true", "help": "report only; do not rewrite targets.toml"}),
     }
 
 
@@ -151,8 +164,17 @@ def do_serve(ctx: Context) -> int:
     return 0
 
 
+def _release_plan(ctx: Context, *, dry_run: bool) -> workflow_matrix.ReleasePlan:
+    return workflow_matrix.plan(ctx.matrix, waivers=workflow_matrix.parse_waivers(ctx.args.waivers, ctx.matrix),
+                                dry_run=dry_run)
+
+
 def do_release(ctx: Context) -> int:
     args, settings = ctx.args, ctx.settings
+    if workflow_matrix.parse_bool(args.dry_run, "--dry-run"):
+        # What a tag push runs (the plan renders the publishing run; a dispatch may add --waivers).
+        print(workflow_matrix.render(_release_plan(ctx, dry_run=False)))
+        return 0
     host = Host.probe(settings.tool_env)
     outcomes = release.release(settings, ctx.matrix, release.resolve_targets(args.targets, ctx.matrix, host), host,
                                ctx.reporter, profile=args.profile, runtime=args.runtime,
@@ -167,6 +189,67 @@ def do_release(ctx: Context) -> int:
           "sha256": o.wheel.sha256 if o.wheel else None, "suites": o.suites, "published": o.published,
           "error": str(o.error) if o.error else None} for o in outcomes], indent=2))
     return release.exit_code(outcomes)
+
+
+def do_release_matrix(ctx: Context) -> int:
+    plan = _release_plan(ctx, dry_run=workflow_matrix.parse_bool(ctx.args.dry_run, "--dry-run"))
+    print(workflow_matrix.render(plan))
+    if ctx.args.github_output:
+        workflow_matrix.write_github_output(ctx.args.github_output, plan.outputs())
+    return 0
+
+
+def do_release_publish(ctx: Context) -> int:
+    from polykernels_build import release_publish
+
+    args, settings = ctx.args, ctx.settings
+    with ctx.reporter.step("all", "release-publish") as row:
+        outcomes = release_publish.release_publish(
+            settings, ctx.matrix, _release_plan(ctx, dry_run=False), artifacts=args.artifacts, repo=args.repo,
+            previous_index=args.previous_index, pages=args.pages, pypi_dir=args.pypi_dir,
+            log=build_step.log_path(settings, "release", "publish"))
+        row.detail = "; ".join(f"{o.target}: {o.verdict}" for o in outcomes)[:400]
+    print((args.pages / "RELEASE_NOTES.md").read_text())
+    if args.github_output:
+        workflow_matrix.write_github_output(args.github_output,
+                                            {"pypi": "true" if any(o.pypi for o in outcomes) else "false"})
+    return 0
+
+
+def do_verify_wheel(ctx: Context) -> int:
+    from polykernels_build import attestations
+
+    target = ctx.matrix.target(ctx.args.target)
+    with ctx.reporter.step(target.name, "verify build provenance") as row:
+        wheel = attestations.verify_wheel(ctx.settings, target, ctx.args.repo,
+                                          build_step.log_path(ctx.settings, target.name, "verify"))
+        row.detail = f"{wheel.name} sha256 {wheel.sha256[:12]}"
+    return 0
+
+
+def do_gate_predicate(ctx: Context) -> int:
+    from polykernels_build import attestations
+
+    target = ctx.matrix.target(ctx.args.target)
+    ctx.reporter.info(f"predicate: {attestations.gate_predicate(ctx.settings, target)}")
+    return 0
+
+
+def do_sbom(ctx: Context) -> int:
+    from polykernels_build import sbom
+
+    target = ctx.matrix.target(ctx.args.target)
+    with ctx.reporter.step(target.name, "sbom") as row:
+        row.detail = str(sbom.write_sbom(ctx.settings, target, build_step.log_path(ctx.settings, target.name, "sbom")))
+    return 0
+
+
+def do_pin_images(ctx: Context) -> int:
+    from polykernels_build import pin_images
+
+    for pin in pin_images.pin_images(ctx.matrix, write=not ctx.args.check):
+        ctx.reporter.info(f"{pin.target} {pin.slot} {pin.image}: {pin.new or pin.old or 'unpinned'} ({pin.note})")
+    return 0
 
 
 def do_schema(ctx: Context) -> int:
@@ -192,8 +275,19 @@ VERBS: dict[str, Verb] = {
     "publish": Verb("publish gated wheels to a static index or a repository", do_publish, ("waive", "partial"),
                     exclusive=((("index", "repository_url"), False),)),
     "serve": Verb("serve build/index on 127.0.0.1", do_serve, ("port", "index")),
-    "release": Verb("images -> wheel -> gate -> publish", do_release,
-                    ("targets", "profile", "runtime", "index", "index_url", "waive", "partial", "allow_unpinned")),
+    "release": Verb("images -> wheel -> gate -> publish, or --dry-run: the plan a tag push runs", do_release,
+                    ("targets", "profile", "runtime", "index", "index_url", "waive", "partial", "allow_unpinned",
+                     "dry_run", "waivers")),
+    "release-matrix": Verb("the release workflow's job matrices, from targets.toml", do_release_matrix,
+                           ("waivers", "dry_run", "github_output")),
+    "release-publish": Verb("verify attestations, stage the Pages index and the PyPI upload", do_release_publish,
+                            ("waivers", "github_output", "artifacts", "repo", "previous_index", "pages", "pypi_dir")),
+    "verify-wheel": Verb("check a downloaded wheel carries this repository's build provenance", do_verify_wheel,
+                         ("target", "repo")),
+    "gate-predicate": Verb("write a target's gate report as an attestation predicate", do_gate_predicate,
+                           ("target",)),
+    "sbom": Verb("a CycloneDX SBOM of a target's wheel and its build tools", do_sbom, ("target",)),
+    "pin-images": Verb("resolve vendor image tags to digests and rewrite targets.toml", do_pin_images, ("check",)),
     "schema": Verb("write targets.schema.json for editors", do_schema),
     "matrix": Verb("print the targets as JSON (for CI job matrices)", do_matrix),
 }

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from polykernels_build.errors import GateError
+from polykernels_build.errors import ConfigError, GateError
 
 MANIFEST_MEMBER = "polykernels/_build_info.json"
 GATE_SCHEMA = 1
@@ -96,6 +96,22 @@ def built(dist_dir: Path) -> dict[str, Wheel]:
         wheel = Wheel(path=record.with_name(data["name"]), sha256=data["sha256"], manifest=data["manifest"])
         wheels[wheel.sha256] = wheel
     return wheels
+
+
+def arrived(directory: Path, target: str) -> Wheel:
+    """The one wheel a release job received for ``target`` under ``directory`` (a downloaded artifact).
+
+    Opened from its bytes, not from the record that travelled with it: the digest a job attests or
+    verifies is of the file it holds. Recorded again, for the verbs that run after it in the job.
+    """
+    found = sorted(directory.glob("*.whl"))
+    if len(found) != 1:
+        raise ConfigError(f"{target}: expected exactly one wheel under {directory}, found "
+                        f"{[p.name for p in found] or 'none'}", hint=f'nox -s "wheel({target})"')
+    wheel = Wheel.open(found[0])
+    if wheel.target != target:
+        raise GateError(f"{wheel.name} was built for {wheel.target}, not {target}")
+    return wheel.save()
 
 
 def judge(suites: dict[str, Any]) -> tuple[bool, str]:

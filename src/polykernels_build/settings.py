@@ -18,7 +18,8 @@ from pathlib import Path
 from polykernels_build.dist import ReportStore
 
 _PASSED_TO_TOOLS = ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONFIG", "LANG", "TMPDIR", "PIP_CERT", "SSL_CERT_FILE",
-                    "PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_CONFIG_FILE", "PYTHONPATH")
+                    "PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_CONFIG_FILE", "PYTHONPATH",
+                    "GH_TOKEN")  # GH_TOKEN: `gh attestation verify` (set only on the steps that verify)
 
 
 @dataclass(frozen=True, kw_only=True)

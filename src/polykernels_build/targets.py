@@ -60,6 +60,9 @@ class Target:
     vendor: VendorImage
     runtime: VendorImage
     offline: OfflineRecipe
+    # The one target PyPI serves as plain `pip install polykernels` ([release] pypi): built without a
+    # local version label, because PyPI refuses labels. Its variant index serves the same file.
+    pypi: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,7 +82,7 @@ class Matrix:
         return self.bootstraps[target.offline.recipe]
 
 
-_TARGET_KEYS = {f.name for f in dataclasses.fields(Target)} - {"name"}
+_TARGET_KEYS = {f.name for f in dataclasses.fields(Target)} - {"name", "pypi"}
 _BOOTSTRAP_KEYS = {f.name for f in dataclasses.fields(Bootstrap)} - {"name"}
 
 
@@ -137,6 +140,7 @@ def load(path: Path = Path("targets.toml")) -> Matrix:
         raise ConfigError(f"{path} not found", hint="run from the repository root") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    release = data.pop("release", {})
     _require(data, {"schema", "build", "target", "bootstrap"}, "top level", path)
     _check(data["schema"] == 1, path, "top level", f"schema {data['schema']} is not supported (expected 1)")
     _require(data["build"], {"torch", "index_url"}, "build", path)
@@ -146,6 +150,11 @@ def load(path: Path = Path("targets.toml")) -> Matrix:
         bootstraps[name] = Bootstrap(name=name, suite=table["suite"], packages=tuple(table["packages"]),
                                      python=table["python"])
     targets = {name: _target(name, table, path, bootstraps) for name, table in data["target"].items()}
+    _check(set(release) <= {"pypi"}, path, "release", f"has unknown keys {sorted(set(release) - {'pypi'})}")
+    pypi = release.get("pypi")
+    if pypi is not None:
+        _check(pypi in targets, path, "release", f"pypi names unknown target {pypi!r}; targets: {', '.join(targets)}")
+        targets[pypi] = dataclasses.replace(targets[pypi], pypi=True)
     variants = [t.variant for t in targets.values()]
     _check(len(set(variants)) == len(variants), path, "target", f"variants must be unique, got {variants}")
     return Matrix(path=path, build_torch=data["build"]["torch"], index_url=data["build"]["index_url"],
@@ -181,6 +190,8 @@ def json_schema() -> dict[str, Any]:
         "required": ["schema", "build", "target", "bootstrap"],
         "properties": {
             "schema": {"const": 1},
+            "release": {"type": "object", "additionalProperties": False,
+                        "properties": {"pypi": {"type": "string"}}},
             "build": {"type": "object", "additionalProperties": False, "required": ["index_url", "torch"],
                       "properties": {"torch": {"type": "string"}, "index_url": {"type": "string"}}},
             "target": {"type": "object", "additionalProperties": {

@@ -64,6 +64,7 @@ def build_info(target: Target, image: BuilderImage, git_sha: str | None, dirty: 
     return {
         "target": target.name,
         "variant": target.variant,
+        "local_label": not target.pypi,  # the PyPI target's version carries no +variant
         "backend": target.backend,
         "archs": list(target.archs),
         "toolkit": None if target.toolkit == "none" else target.toolkit,
