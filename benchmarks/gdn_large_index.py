@@ -17,7 +17,7 @@ import torch
 
 def run_large_index_check(tokens: int = 2**31 // (32 * 128) + 4096, device: str = "cuda", segments: int = 4) -> dict:
     from polykernels.gated_delta_rule import chunk_gated_delta_rule
-    from polykernels.gated_delta_rule.chunk import launch_config, plan_segments
+    from polykernels.gated_delta_rule.chunk import plan_segments
 
     heads, dim = 32, 128
     gen = torch.Generator(device=device).manual_seed(0)
@@ -39,8 +39,8 @@ def run_large_index_check(tokens: int = 2**31 // (32 * 128) + 4096, device: str 
                                           beta[:, begin:end], initial_state=state, output_final_state=True)
         errors += float((o.double() - full_o[:, begin:end].double()).pow(2).sum())
         sq_ref += float(o.double().pow(2).sum())
-    tiles = -(-dim // launch_config(dim, dim)[1])
-    plan = plan_segments(1, tokens, heads, tiles, torch.cuda.get_device_properties(device).multi_processor_count)
+    plan = plan_segments(1, tokens, heads, torch.cuda.get_device_properties(device).multi_processor_count,
+                         key_dim=dim, value_dim=dim)
     return {
         "tokens": tokens,
         "elements": tokens * heads * dim,

@@ -19,7 +19,7 @@ from benchmarks.timing import graph_ms
 
 def sweep_gdn(device: str) -> list[dict]:
     from polykernels.gated_delta_rule import chunk_gated_delta_rule
-    from polykernels.gated_delta_rule.chunk import launch_config, plan_segments
+    from polykernels.gated_delta_rule.chunk import plan_segments
 
     results = []
     for name, batch, tokens, heads, value_heads, lengths in GDN_SHAPES:
@@ -28,8 +28,7 @@ def sweep_gdn(device: str) -> list[dict]:
         if lengths is not None:
             cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=device, dtype=torch.int32)
         num_seqs = batch if cu is None else len(lengths)
-        tiles = -(-128 // launch_config(128, 128)[1])  # V tiles
-        auto = plan_segments(num_seqs, batch * tokens, value_heads, tiles,
+        auto = plan_segments(num_seqs, batch * tokens, value_heads,
                              torch.cuda.get_device_properties(device).multi_processor_count)
         row = {"shape": name, "auto": auto.segments}
         for segments in (1, 2, 4, 8, 16):

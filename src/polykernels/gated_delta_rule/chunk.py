@@ -15,10 +15,10 @@ CHUNK = 64
 MAX_HEAD_DIM = 256
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
-# Context parallelism: sequences are split only while the fused programs (N x HV x V tiles) number
-# fewer than the SMs, into about PROGRAMS_PER_SM programs per SM, keeping at least MIN_SEGMENT_CHUNKS
-# chunks per segment (a segment costs a state and a K x K transition pass). From the H200 sweep
-# (BENCHMARKS.md, "segments"): the best split gave 200-500 programs at every thin shape.
+# Context parallelism (plan_segments): about PROGRAMS_PER_SM fused programs per SM, at least
+# MIN_SEGMENT_CHUNKS chunks per segment (a segment costs a state and a K x K transition pass).
+# From the H200 sweep (BENCHMARKS.md, "segments"): the best split gave 200-500 programs at every
+# thin shape.
 PROGRAMS_PER_SM = 2
 MIN_SEGMENT_CHUNKS = 8
 
@@ -37,20 +37,27 @@ class SegmentPlan:
 
 
 def plan_segments(
-    num_seqs: int, total_tokens: int, value_heads: int, value_tiles: int, sm_count: int,
-    num_segments: int | None = None,
+    num_seqs: int, total_tokens: int, value_heads: int, sm_count: int, num_segments: int | None = None,
+    *, key_dim: int = 128, value_dim: int = 128,
 ) -> SegmentPlan:
-    """Segments per sequence from (N, HV, T, SMs): enough fused programs to fill the GPU."""
+    """Which path and how many segments per sequence, from (N, HV, T, K, V, SMs).
+
+    The scan path's sequential programs (N x HV x V / scan BV) fill at least half the SMs: no split.
+    Fewer (one sequence with a few heads): the fused path, cut into segments until about
+    PROGRAMS_PER_SM fused programs (N x HV x V / fused BV) run per SM.
+    """
     chunks = max(1, -(-total_tokens // num_seqs // CHUNK))
-    programs = num_seqs * value_heads * value_tiles
+    block_k, block_v = _block(key_dim), _block(value_dim)
+    scan_programs = num_seqs * value_heads * -(-value_dim // min(block_v, SCAN_BLOCK_V[block_k][1]))
+    fused_programs = num_seqs * value_heads * -(-value_dim // min(block_v, FUSED_LAUNCH[block_k][0]))
     if num_segments is not None:
         segments, why = num_segments, f"{num_segments} segments per sequence requested"
-    elif programs >= sm_count:
-        segments, why = 1, f"{programs} programs (N x HV x V tiles) for {sm_count} SMs: no split"
+    elif 2 * scan_programs >= sm_count:
+        segments, why = 1, f"{scan_programs} scan programs (N x HV x V tiles) for {sm_count} SMs: scan path"
     else:
-        wanted = -(-PROGRAMS_PER_SM * sm_count // programs)
+        wanted = -(-PROGRAMS_PER_SM * sm_count // fused_programs)
         segments = max(1, min(wanted, chunks // MIN_SEGMENT_CHUNKS))
-        why = (f"{programs} programs (N x HV x V tiles) for {sm_count} SMs: {segments} segments of "
+        why = (f"{scan_programs} scan programs for {sm_count} SMs: fused path, {segments} segments of "
                f">= {MIN_SEGMENT_CHUNKS} chunks per sequence")
     segments = max(1, min(segments, chunks))
     return SegmentPlan(segments=segments, segment_chunks=-(-chunks // segments), reason=why)
@@ -139,7 +146,8 @@ def launch_chunk_gated_delta_rule(
     run = _launchers()
     block_k, block_v, num_warps, num_stages = launch_config(key_dim, value_dim)
     value_tiles = -(-value_dim // block_v)
-    plan = plan_segments(num_seqs, total, value_heads, value_tiles, _sm_count(device), num_segments)
+    plan = plan_segments(num_seqs, total, value_heads, _sm_count(device), num_segments, key_dim=key_dim,
+                         value_dim=value_dim)
     split = plan.segments > 1
     precision = guards.dot_precision(fp32_inputs=q.dtype == torch.float32)
     log_n = max(1, num_seqs.bit_length())

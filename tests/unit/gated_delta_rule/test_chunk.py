@@ -149,15 +149,17 @@ def test_torch_chunked_nan_never_reaches_earlier_tokens() -> None:
 def test_segment_plan_fills_the_gpu_and_can_be_forced() -> None:
     from polykernels.gated_delta_rule.chunk import plan_segments
 
-    # Qwen3.5 split 8 ways: 1 sequence x 8 value heads x 2 V tiles = 16 programs for 132 SMs.
-    thin = plan_segments(1, 65536, 8, 2, 132)
-    assert thin.segments > 8 and thin.segment_chunks * thin.segments >= 1024
-    # B8 x 32 heads x 2 V tiles = 512 programs: no split, unless asked.
-    assert plan_segments(8, 8 * 4096, 32, 2, 132).segments == 1
-    assert plan_segments(8, 8 * 4096, 32, 2, 132, num_segments=3).segments == 3
+    # Qwen3.5 split 8 ways: 1 sequence x 8 value heads: 32 scan programs for 132 SMs, so the fused
+    # path in segments.
+    thin = plan_segments(1, 65536, 8, 132)
+    assert thin.segments > 8 and thin.segment_chunks * thin.segments >= 1024 and "fused" in thin.reason
+    # B8 x 32 heads, and one sequence x 32 heads: enough scan programs, no split unless asked.
+    assert plan_segments(8, 8 * 4096, 32, 132).segments == 1
+    assert plan_segments(1, 32768, 32, 132).segments == 1
+    assert plan_segments(8, 8 * 4096, 32, 132, num_segments=3).segments == 3
     # Never more segments than chunks, nor segments shorter than MIN_SEGMENT_CHUNKS unless asked.
-    assert plan_segments(1, 100, 1, 1, 132, num_segments=5).segments == 2
-    assert plan_segments(1, 100, 1, 1, 132).segments == 1
+    assert plan_segments(1, 100, 1, 132, num_segments=5).segments == 2
+    assert plan_segments(1, 100, 1, 132).segments == 1
 
 
 @pytest.mark.parametrize("case", CASES)
