@@ -153,7 +153,7 @@ def launch_chunk_gated_delta_rule(
     log_n = max(1, num_seqs.bit_length())
     shape = {"H": heads, "HV": value_heads, "K": key_dim}
 
-    # Unsplit, a segment is a whole sequence: longer than any sequence can be.
+    # Unsplit (the scan path), a segment is a whole sequence: longer than any sequence can be.
     segment_chunks = plan.segment_chunks if split else 2**34
     if varlen:
         # Chunk and segment counts per sequence are computed on the GPU: no host round trip.
@@ -206,10 +206,10 @@ def launch_chunk_gated_delta_rule(
     )
     run.fused(
         (value_tiles, max_segments, value_heads),
-        (q, k, v, g, beta, ai, initial, h_init, final, o, cu, seg_offsets, tokens, num_seqs, segments_per_seq,
+        (q, k, v, g, beta, ai, h_init, final, o, cu, seg_offsets, tokens, num_seqs, segments_per_seq,
          segment_tokens, scale),
-        **segment_shape, L2NORM=use_qk_l2norm_in_kernel, VARLEN=varlen, LOG_N=log_n, SPLIT=True,
-        HAS_INITIAL=initial_state is not None, STORE_FINAL=output_final_state, DOT_PRECISION=precision,
+        **segment_shape, L2NORM=use_qk_l2norm_in_kernel, VARLEN=varlen, LOG_N=log_n,
+        STORE_FINAL=output_final_state, DOT_PRECISION=precision,
         num_warps=num_warps, num_stages=num_stages,
     )
     return o, final if output_final_state else None

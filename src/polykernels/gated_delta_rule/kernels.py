@@ -1,18 +1,21 @@
-"""Triton kernels of the chunked gated delta rule forward (chunk size BT = 64).
+"""Triton kernels of the chunked gated delta rule forward (chunk size BT = 64): the fused path.
 
-The inference path never writes a per-chunk state to HBM:
+Two paths share the chunk arithmetic here; chunk.plan_segments picks one per call. With many
+sequences x heads, the scan path (scan_kernels.py) keeps the sequential part to two products per
+chunk and writes chunk states to HBM for a parallel output kernel. With few (one long sequence and
+a few heads, Qwen3.5 split across GPUs), this fused path cuts each sequence into segments:
 
 1. ``prepare``  one program per (chunk, value head), fully parallel: the in-chunk gated K.K^T (A)
-   and its inverse Ai = (I + A)^-1, stored per token row (BT values). Nothing else is stored:
-   w = Ai (beta gamma k) and u = Ai (beta v) are never formed, because
+   and its inverse Ai = (I + A)^-1 (two 32-row halves, then one merge), stored per token row.
+   Nothing else is stored: w = Ai (beta gamma k) and u = Ai (beta v) are never formed, because
    v_new = u - w h = Ai (beta v - (beta gamma k) h) costs one BT x BT product more per chunk.
-2. ``fused``    one program per (V tile, segment, value head): carries the state of its V tile on
-   chip across the chunks of its segment, emitting each chunk's output in the same pass.
-3. When N x HV x V-tiles cannot fill the GPU, each sequence is cut into segments (context
-   parallelism): ``segment_state`` runs every segment but the last from a zero state and from
-   the identity, giving its local final state and its state-transition operator M (K x K) in
-   one pass over [V | K] columns; ``combine`` walks the segments of each sequence
-   (h <- M h + h_local) to give every segment its true initial state; then ``fused`` runs.
+2. ``segment_state`` runs every segment but the last from a zero state and from the identity,
+   giving its local final state and its state-transition operator M (K x K) in one pass over
+   [V | K] columns; ``combine`` walks the segments of each sequence (h <- M h + h_local) to give
+   every segment its true initial state.
+3. ``fused``    one program per (V tile, segment, value head): carries the state of its V tile on
+   chip across the chunks of its segment, emitting each chunk's output in the same pass; per-chunk
+   states never reach HBM.
 
 Non-finite input: a token whose k, v, g or beta holds NaN/Inf is found per chunk; it and the
 tokens after it in its chunk are zeroed before any product (a mask multiplied into a matmul
@@ -344,11 +347,11 @@ def gdn_combine_kernel(
 
 @triton.jit
 def gdn_fused_kernel(
-    Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, AI_ptr, H0_ptr, HINIT_ptr, HT_ptr, O_ptr, CU, SEG_OFFSETS,
+    Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, AI_ptr, HINIT_ptr, HT_ptr, O_ptr, CU, SEG_OFFSETS,
     T, N, SEGS_PER_SEQ, SEG_TOKENS, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, L2NORM: tl.constexpr, VARLEN: tl.constexpr, LOG_N: tl.constexpr, SPLIT: tl.constexpr,
-    HAS_INITIAL: tl.constexpr, STORE_FINAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BV: tl.constexpr, L2NORM: tl.constexpr, VARLEN: tl.constexpr, LOG_N: tl.constexpr,
+    STORE_FINAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_s = tl.program_id(1).to(tl.int64)
@@ -361,11 +364,8 @@ def gdn_fused_kernel(
     cols = i_v * BV + tl.arange(0, BV)
     tile_mask = (k_rows[:, None] < K) & (cols[None, :] < V) & valid
     tile = k_rows[:, None] * V + cols[None, :]
-    state = tl.zeros([BK, BV], dtype=tl.float32)
-    if SPLIT:
-        state += tl.load(HINIT_ptr + (i_s * HV + i_hv) * K * V + tile, mask=tile_mask, other=0.0)
-    elif HAS_INITIAL:
-        state += tl.load(H0_ptr + (n * HV + i_hv) * K * V + tile, mask=tile_mask, other=0.0)
+    # Every segment's initial state comes from `combine` (the first one's is the caller's h0 or 0).
+    state = tl.load(HINIT_ptr + (i_s * HV + i_hv) * K * V + tile, mask=tile_mask, other=0.0)
     causal = rows[:, None] >= rows[None, :]
 
     for chunk_start in range(start, end, BT):

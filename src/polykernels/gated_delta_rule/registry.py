@@ -55,12 +55,12 @@ register(KernelSpec(
 register(KernelSpec(
     name="gdn_fused", module=_MODULE, function="gdn_fused_kernel",
     signature={"Q_ptr": "*bf16", "K_ptr": "*bf16", "V_ptr": "*bf16", "G_ptr": "*fp32", "BETA_ptr": "*bf16",
-               "AI_ptr": "*bf16", "H0_ptr": "*fp32", "HINIT_ptr": "*fp32", "HT_ptr": "*fp32", "O_ptr": "*bf16",
+               "AI_ptr": "*bf16", "HINIT_ptr": "*fp32", "HT_ptr": "*fp32", "O_ptr": "*bf16",
                "CU": "*i32", "SEG_OFFSETS": "*i64", "T": "i32", "N": "i32", "SEGS_PER_SEQ": "i32",
                "SEG_TOKENS": "i64", "scale": "fp32",
-               **_constexpr("H", "HV", "K", "V", "BT", "BK", "BV", "L2NORM", "VARLEN", "LOG_N", "SPLIT",
-                            "HAS_INITIAL", "STORE_FINAL", "DOT_PRECISION")},
-    constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": 64, "SPLIT": True, "HAS_INITIAL": True, "STORE_FINAL": True},
+               **_constexpr("H", "HV", "K", "V", "BT", "BK", "BV", "L2NORM", "VARLEN", "LOG_N", "STORE_FINAL",
+                            "DOT_PRECISION")},
+    constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": 64, "STORE_FINAL": True},
     platform_constexprs=_precision,
 ))
 
