@@ -149,7 +149,8 @@ def do_gate(ctx: Context) -> int:
     wheel = gate.open_wheel(args.wheel)
     with ctx.reporter.step(wheel.target, f"gate ({args.runtime})") as row:
         report = gate.gate(settings, ctx.matrix, wheel, runtime=args.runtime, profile=args.profile,
-                           log=build_step.log_path(settings, "gate", args.wheel.stem), pip_args=args.pip_arg)
+                           log=build_step.log_path(settings, "gate", args.wheel.stem), pip_args=args.pip_arg,
+                           allow_unpinned=args.allow_unpinned)
         row.detail = f"{report.hardware_class}: {report.reason}; report {settings.reports.path(wheel.sha256)}"
         if not report.passed:
             row.status = "failed"
@@ -212,7 +213,8 @@ VERBS: dict[str, Verb] = {
     "wheel": Verb("build and check the target's wheel", do_wheel, (*_TARGET, "no_ccache", "index_url")),
     "compile-matrix": Verb("compile every Triton kernel for every GPU target (CPU only)", do_compile_matrix),
     "gate": Verb("run the suites on an installed wheel, or import reports", do_gate,
-                 ("runtime", "profile", "pip_arg", "trust_unsigned"), exclusive=((("wheel", "import_report"), True),)),
+                 ("runtime", "profile", "pip_arg", "trust_unsigned", "allow_unpinned"),
+                 exclusive=((("wheel", "import_report"), True),)),
     "publish": Verb("publish gated wheels to a static index or a repository", do_publish,
                     ("waive", "partial", "lock_timeout"),
                     exclusive=((("index", "repository_url"), False),)),

@@ -38,8 +38,13 @@ def suites_requirements(settings: Settings) -> list[str]:
     return list(project["optional-dependencies"]["suites"])
 
 
-def _runtime_image(settings: Settings, matrix: Matrix, target: Target, profile: str, log: Path) -> str:
+def _runtime_image(settings: Settings, matrix: Matrix, target: Target, profile: str, log: Path,
+                   allow_unpinned: bool = False) -> str:
     if profile == "vendor":
+        if not target.runtime.digest and not allow_unpinned:
+            raise ConfigError(f"{target.name}: the runtime image {target.runtime.image} is not pinned by digest in "
+                              f"{matrix.path}", hint="put its sha256 into the target's runtime.digest (a tag such "
+                              "as :latest moves), or pass --allow-unpinned for a local experiment")
         return engine.require_image(target.runtime.reference,
                                     f"pull {target.runtime.reference} (or use --profile offline)", settings.tool_env)
     if target.backend != "cpu":  # the offline profile installs PyPI's CPU torch only
@@ -87,7 +92,7 @@ def _run_in_venv(settings: Settings, wheel: Path, out: Path, log: Path, pip_args
 
 
 def gate(settings: Settings, matrix: Matrix, wheel: Wheel, *, runtime: str, profile: str, log: Path,
-         pip_args: list[str] | None = None) -> GateReport:
+         pip_args: list[str] | None = None, allow_unpinned: bool = False) -> GateReport:
     """Runs the suites on ``wheel`` (as the build handed it over) and stores the report for its sha256."""
     target = matrix.target(wheel.target)
     out = settings.build_dir / "gate" / wheel.sha256[:16]
@@ -100,7 +105,8 @@ def gate(settings: Settings, matrix: Matrix, wheel: Wheel, *, runtime: str, prof
     try:
         if runtime == "container":
             engine.require_engine(settings.tool_env)
-            _run_in_container(settings, _runtime_image(settings, matrix, target, profile, log), wheel.path, out, log)
+            image = _runtime_image(settings, matrix, target, profile, log, allow_unpinned)
+            _run_in_container(settings, image, wheel.path, out, log)
         else:
             _run_in_venv(settings, wheel.path, out, log, pip_args or [])
     except Exception:

@@ -52,7 +52,7 @@ def _build_and_gate(settings: Settings, matrix: Matrix, target: Target, host: Ho
         return
     with reporter.step(target.name, f"gate ({runtime})") as row:
         report = gate.gate(settings, matrix, outcome.wheel, runtime=runtime, profile=profile,
-                           log=build_step.log_path(settings, target.name, "gate"))
+                           log=build_step.log_path(settings, target.name, "gate"), allow_unpinned=allow_unpinned)
         outcome.suites = "passed" if report.passed else f"FAILED: {report.reason}"
         row.detail = f"{report.hardware_class}: {report.reason}"
         if not report.passed:

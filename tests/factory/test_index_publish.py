@@ -14,7 +14,7 @@ import pytest
 
 from polykernels_build import backends, gate, publish, serve, targets
 from polykernels_build.dist import GateReport, Wheel, judge, sha256_of
-from polykernels_build.errors import GateError, PublishError
+from polykernels_build.errors import ConfigError, GateError, PublishError
 from polykernels_build.settings import Settings
 from tests.factory.helpers import make_wheel, suites_report
 
@@ -201,8 +201,11 @@ def test_missing_runtime_image_is_one_clear_error(settings: Settings, monkeypatc
     wheel = make_wheel(settings.dist_dir / "cuda13", target="cuda13", variant="cu130")
     monkeypatch.setattr(engine, "require_engine", lambda tool_env: None)
     monkeypatch.setattr(engine, "image_id", lambda reference, tool_env: None)
-    with pytest.raises(ImageError, match=r"image pytorch/pytorch:.* is not present") as error:
+    with pytest.raises(ConfigError, match=r"runtime image pytorch/pytorch:.* is not pinned by digest"):
         gate.gate(settings, MATRIX, wheel, runtime="container", profile="vendor", log=settings.build_dir / "log")
+    with pytest.raises(ImageError, match=r"image pytorch/pytorch:.* is not present") as error:
+        gate.gate(settings, MATRIX, wheel, runtime="container", profile="vendor", log=settings.build_dir / "log",
+                  allow_unpinned=True)
     assert "pull" in (error.value.hint or "")
 
 
