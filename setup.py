@@ -5,8 +5,12 @@ comes from one place: ``POLYKERNELS_BUILD_INFO``, the manifest the factory write
 target in targets.toml (backend, archs, ``torch_floor`` = the ``TORCH_TARGET_VERSION`` compiled
 in). The variables below, and the defaults, serve a plain ``pip install .`` only:
 
-- ``POLYKERNELS_BACKEND``: ``cpu``, ``cuda`` or ``rocm``. Unset: ``rocm`` when the build's torch is
-  a ROCm build, ``cuda`` when nvcc is found (``CUDA_HOME`` or the PATH), else ``cpu``.
+- ``POLYKERNELS_BACKEND``: ``cpu``, ``cuda`` or ``rocm``. Unset: the backend of the torch the
+  extension is built against (``torch.version.hip`` -> rocm, ``torch.version.cuda`` -> cuda, else
+  cpu), never merely the compiler found on PATH: a CUDA extension built next to a CPU torch needs a
+  libcudart the environment does not have and cannot load. (Under build isolation the build's
+  torch is the one pip puts in the build environment: ``pip install --no-build-isolation .``
+  builds against the torch you run.)
 - ``TORCH_CUDA_ARCH_LIST`` (default ``8.0;9.0;10.0;12.0+PTX``), ``PYTORCH_ROCM_ARCH``
   (default ``gfx942;gfx950``).
 - ``POLYKERNELS_TORCH_SDK``: a torch package directory (``.../torch``) to compile and link
@@ -29,7 +33,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -85,12 +89,17 @@ def _find_hipcc(env: Mapping[str, str]) -> str | None:
     return shutil.which("hipcc", path=env.get("PATH"))
 
 
-def _torch_is_rocm() -> bool:
+def torch_backend() -> str:
+    """The backend of the torch this build compiles against: its own build says, not the host."""
     try:
         import torch
     except ImportError:
-        return False
-    return bool(getattr(torch.version, "hip", None))
+        return "cpu"
+    if getattr(torch.version, "hip", None):
+        return "rocm"
+    if getattr(torch.version, "cuda", None):
+        return "cuda"
+    return "cpu"
 
 
 def torch_paths(env: Mapping[str, str]) -> tuple[list[str], list[str]]:
@@ -149,17 +158,13 @@ def parse_floor(floor: object) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
-def resolve_build(env: Mapping[str, str]) -> ExtensionBuild:
+def resolve_build(env: Mapping[str, str], detect: Callable[[], str] = torch_backend) -> ExtensionBuild:
     build_info = json.loads(env.get("POLYKERNELS_BUILD_INFO") or "{}")
     from_factory = "backend" in build_info
     backend = str(build_info["backend"] if from_factory else env.get("POLYKERNELS_BACKEND", "")).strip().lower()
-    if not backend:
-        if _torch_is_rocm():
-            backend = "rocm"
-        elif _find_nvcc(env):
-            backend = "cuda"
-        else:
-            backend = "cpu"
+    detected = not backend
+    if detected:
+        backend = detect()
     if backend not in DEFAULT_TORCH_TARGET:
         raise BuildConfigError(f"POLYKERNELS_BACKEND: unknown backend {backend!r}; expected cpu, cuda or rocm")
     torch_target = parse_floor(build_info["torch_floor"]) if from_factory else DEFAULT_TORCH_TARGET[backend]
@@ -170,6 +175,9 @@ def resolve_build(env: Mapping[str, str]) -> ExtensionBuild:
     find, parse, variable, default, where = _GPU_TOOLCHAINS[backend]
     compiler = find(env)
     if compiler is None:
+        if detected:
+            raise BuildConfigError(f"the build's torch is a {backend} build but {where}; or set "
+                                   "POLYKERNELS_BACKEND=cpu for a CPU-only extension")
         raise BuildConfigError(f"POLYKERNELS_BACKEND={backend} but {where}")
     archs = parse(factory_archs or env.get(variable) or default)
     return ExtensionBuild(backend=backend, archs=archs, compiler=compiler, torch_target=torch_target,

@@ -54,7 +54,12 @@ def _options(settings: Settings) -> dict[str, tuple[tuple[str, ...], dict[str, A
         "index_url": (("--index-url",), {"help": "root URL the variant indexes are served under (recorded in "
                                                  "the manifest; default: targets.toml [build] index_url)"}),
         "wheel": (("--wheel",), {"type": Path}),
-        "import_report": (("--import-report",), {"type": Path}),
+        "import_report": (("--import-report",), {"type": Path, "nargs": "+",
+                                                  "help": "keep reports made elsewhere (each verified; a failed "
+                                                          "one is kept, and the verb exits with the gate's code)"}),
+        "trust_unsigned": (("--trust-unsigned",), {"metavar": "REASON",
+                                                   "help": "keep an unsigned or unknown-signer report anyway; the "
+                                                           "reason is recorded and published with its wheel"}),
         "runtime": (("--runtime",), {"choices": gate.RUNTIMES, "default": "container"}),
         "pip_arg": (("--pip-arg",), {"action": "append", "default": [],
                                      "help": "passed to pip install in a venv runtime"}),
@@ -64,6 +69,8 @@ def _options(settings: Settings) -> dict[str, tuple[tuple[str, ...], dict[str, A
                                  "help": "publish TARGET without a passing gate; the reason is recorded"}),
         "partial": (("--partial",), {"action": "store_true",
                                      "help": "publish what passed even if other targets did not"}),
+        "lock_timeout": (("--lock-timeout",), {"type": float, "default": 600.0, "metavar": "SECONDS",
+                                               "help": "how long to wait for another publish to the same index"}),
         "port": (("--port",), {"type": int, "default": 8000}),
         # The release workflow's verbs (each step of release.yml is one of them, through nox).
         "dry_run": (("--dry-run",), {"nargs": "?", "const": "true", "default": "false", "metavar": "true|false",
@@ -86,6 +93,8 @@ def _waivers(pairs: list[list[str]] | None) -> dict[str, str]:
     for target, reason in pairs or []:
         if not reason.strip():
             raise ConfigError(f"--waive {target}: the reason must say why (it is published with the release)")
+        if target in waivers:
+            raise ConfigError(f"--waive {target} is given twice")
         waivers[target] = reason
     return waivers
 
@@ -132,17 +141,32 @@ def do_compile_matrix(ctx: Context) -> int:
 def do_gate(ctx: Context) -> int:
     args, settings = ctx.args, ctx.settings
     if args.import_report:
-        report = gate.import_report(settings, ctx.matrix, args.import_report)
-        ctx.reporter.skip(report.target, "import report", f"{report.hardware_class}: {report.reason}",
-                          status="ok" if report.passed else "failed")
-    else:
-        wheel = gate.open_wheel(args.wheel)
-        with ctx.reporter.step(wheel.target, f"gate ({args.runtime})") as row:
-            report = gate.gate(settings, ctx.matrix, wheel, runtime=args.runtime, profile=args.profile,
-                               log=build_step.log_path(settings, "gate", args.wheel.stem), pip_args=args.pip_arg)
-            row.detail = f"{report.hardware_class}: {report.reason}; report {settings.reports.path(wheel.sha256)}"
+        # Every report is imported, whatever happened to the ones before it: a failed verdict is
+        # stored (it blocks its wheel) and only turns into the exit code at the end.
+        code = 0
+        for source in args.import_report:
+            try:
+                report = gate.import_report(settings, ctx.matrix, source, trust_unsigned=args.trust_unsigned)
+            except FatalError as exc:
+                ctx.reporter.skip(str(source.name), "import report", str(exc).splitlines()[0][:300], status="failed")
+                ctx.reporter.console.print(exc.render(), markup=False)
+                code = code or exc.return_code
+                continue
+            trust = " (UNSIGNED, trusted on import)" if settings.reports.trust_path(report.wheel_sha256).exists() \
+                else ""
+            ctx.reporter.skip(report.target, "import report", f"{report.hardware_class}: {report.reason}{trust}",
+                              status="ok" if report.passed else "failed")
             if not report.passed:
-                row.status = "failed"
+                code = code or GateError.return_code
+        return code
+    wheel = gate.open_wheel(args.wheel)
+    with ctx.reporter.step(wheel.target, f"gate ({args.runtime})") as row:
+        report = gate.gate(settings, ctx.matrix, wheel, runtime=args.runtime, profile=args.profile,
+                           log=build_step.log_path(settings, "gate", args.wheel.stem), pip_args=args.pip_arg,
+                           allow_unpinned=args.allow_unpinned)
+        row.detail = f"{report.hardware_class}: {report.reason}; report {settings.reports.path(wheel.sha256)}"
+        if not report.passed:
+            row.status = "failed"
     return 0 if report.passed else GateError.return_code
 
 
@@ -150,7 +174,7 @@ def do_publish(ctx: Context) -> int:
     with ctx.reporter.step("all", "publish") as row:
         decisions = publish.publish(ctx.settings, ctx.matrix, index_root=ctx.args.index,
                                     repository_url=ctx.args.repository_url, waivers=_waivers(ctx.args.waive),
-                                    partial=ctx.args.partial,
+                                    partial=ctx.args.partial, lock_timeout=ctx.args.lock_timeout,
                                     log=build_step.log_path(ctx.settings, "publish", "publish"))
         row.detail = "; ".join(f"{d.wheel.name}: {'published' if d.publish else 'blocked'} ({d.basis})"
                                for d in decisions)[:400]
@@ -179,7 +203,8 @@ def do_release(ctx: Context) -> int:
     outcomes = release.release(settings, ctx.matrix, release.resolve_targets(args.targets, ctx.matrix, host), host,
                                ctx.reporter, profile=args.profile, runtime=args.runtime,
                                waivers=_waivers(args.waive), partial=args.partial, index_root=args.index,
-                               index_url=args.index_url, allow_unpinned=args.allow_unpinned)
+                               index_url=args.index_url, allow_unpinned=args.allow_unpinned,
+                               lock_timeout=args.lock_timeout)
     for o in outcomes:
         wheel = f"{o.wheel.name} {o.wheel.size / 2**20:.2f} MiB sha256 {o.wheel.sha256[:12]}" if o.wheel else "-"
         ctx.reporter.skip(o.target, "release", f"{wheel}; suites {o.suites}; published {o.published}",
@@ -270,14 +295,16 @@ VERBS: dict[str, Verb] = {
     "images": Verb("build the target's builder image", do_images, _TARGET),
     "wheel": Verb("build and check the target's wheel", do_wheel, (*_TARGET, "no_ccache", "index_url")),
     "compile-matrix": Verb("compile every Triton kernel for every GPU target (CPU only)", do_compile_matrix),
-    "gate": Verb("run the suites on an installed wheel, or import a report", do_gate,
-                 ("runtime", "profile", "pip_arg"), exclusive=((("wheel", "import_report"), True),)),
-    "publish": Verb("publish gated wheels to a static index or a repository", do_publish, ("waive", "partial"),
+    "gate": Verb("run the suites on an installed wheel, or import reports", do_gate,
+                 ("runtime", "profile", "pip_arg", "trust_unsigned", "allow_unpinned"),
+                 exclusive=((("wheel", "import_report"), True),)),
+    "publish": Verb("publish gated wheels to a static index or a repository", do_publish,
+                    ("waive", "partial", "lock_timeout"),
                     exclusive=((("index", "repository_url"), False),)),
     "serve": Verb("serve build/index on 127.0.0.1", do_serve, ("port", "index")),
     "release": Verb("images -> wheel -> gate -> publish, or --dry-run: the plan a tag push runs", do_release,
                     ("targets", "profile", "runtime", "index", "index_url", "waive", "partial", "allow_unpinned",
-                     "dry_run", "waivers")),
+                     "lock_timeout", "dry_run", "waivers")),
     "release-matrix": Verb("the release workflow's job matrices, from targets.toml", do_release_matrix,
                            ("waivers", "dry_run", "github_output")),
     "release-publish": Verb("verify attestations, stage the Pages index and the PyPI upload", do_release_publish,

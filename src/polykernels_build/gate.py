@@ -3,6 +3,7 @@ keep a report bound to the wheel's sha256 and to the hardware the suites ran on.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import socket
@@ -37,8 +38,13 @@ def suites_requirements(settings: Settings) -> list[str]:
     return list(project["optional-dependencies"]["suites"])
 
 
-def _runtime_image(settings: Settings, matrix: Matrix, target: Target, profile: str, log: Path) -> str:
+def _runtime_image(settings: Settings, matrix: Matrix, target: Target, profile: str, log: Path,
+                   allow_unpinned: bool = False) -> str:
     if profile == "vendor":
+        if not target.runtime.digest and not allow_unpinned:
+            raise ConfigError(f"{target.name}: the runtime image {target.runtime.image} is not pinned by digest in "
+                              f"{matrix.path}", hint="put its sha256 into the target's runtime.digest (a tag such "
+                              "as :latest moves), or pass --allow-unpinned for a local experiment")
         return engine.require_image(target.runtime.reference,
                                     f"pull {target.runtime.reference} (or use --profile offline)", settings.tool_env)
     if target.backend != "cpu":  # the offline profile installs PyPI's CPU torch only
@@ -86,7 +92,7 @@ def _run_in_venv(settings: Settings, wheel: Path, out: Path, log: Path, pip_args
 
 
 def gate(settings: Settings, matrix: Matrix, wheel: Wheel, *, runtime: str, profile: str, log: Path,
-         pip_args: list[str] | None = None) -> GateReport:
+         pip_args: list[str] | None = None, allow_unpinned: bool = False) -> GateReport:
     """Runs the suites on ``wheel`` (as the build handed it over) and stores the report for its sha256."""
     target = matrix.target(wheel.target)
     out = settings.build_dir / "gate" / wheel.sha256[:16]
@@ -99,15 +105,19 @@ def gate(settings: Settings, matrix: Matrix, wheel: Wheel, *, runtime: str, prof
     try:
         if runtime == "container":
             engine.require_engine(settings.tool_env)
-            _run_in_container(settings, _runtime_image(settings, matrix, target, profile, log), wheel.path, out, log)
+            image = _runtime_image(settings, matrix, target, profile, log, allow_unpinned)
+            _run_in_container(settings, image, wheel.path, out, log)
         else:
             _run_in_venv(settings, wheel.path, out, log, pip_args or [])
     except Exception:
         # The suites exit non-zero when a case fails: that is a verdict, judged below, not a crash.
         if not (out / "suites.json").exists():
             raise
-    suites = json.loads((out / "suites.json").read_text())
-    passed, reason = judge(suites)
+    try:
+        suites = json.loads((out / "suites.json").read_text())
+    except ValueError as exc:
+        raise GateError(f"the suites wrote a report that is not JSON ({exc})", log=log) from None
+    passed, reason = judge(suites, str(out / "suites.json"))
     seen = backends.hardware_class(suites.get("platform", {}))
     if passed and not may_gate(target, seen):
         passed, reason = False, f"ran on {seen}, but {target.name} must be gated on {target.hardware}"
@@ -128,18 +138,42 @@ def open_wheel(path: Path) -> Wheel:
     return Wheel.open(path)
 
 
-def import_report(settings: Settings, matrix: Matrix, source: Path) -> GateReport:
-    """Keep a report made elsewhere (a GPU runner) if it belongs to a wheel we built."""
-    report = GateReport.from_json(source.read_text(), str(source))
+def import_report(settings: Settings, matrix: Matrix, source: Path, *, trust_unsigned: str | None = None) -> GateReport:
+    """Keeps a report made elsewhere (a GPU runner) if it belongs to a wheel we built and an allowed
+    signer signed it (``<report>.sig`` beside it, as ``ssh-keygen -Y sign`` writes it). An unsigned
+    report, or one from an unknown signer, is kept only with ``trust_unsigned``: the operator's reason,
+    recorded beside the report and named in the release notes of every wheel it lets out.
+
+    A failed verdict is kept too (it is the truth about those bytes, and it blocks them); the caller
+    turns it into the gate's exit code."""
+    try:
+        data = source.read_bytes()
+    except OSError as exc:
+        raise GateError(f"--import-report {source}: cannot read it ({exc.strerror or exc})") from None
+    report = GateReport.from_json(data.decode(errors="replace"), str(source))
     wheels = built(settings.dist_dir)
     if report.wheel_sha256 not in wheels:
         raise GateError(f"{source} is for a wheel with sha256 {report.wheel_sha256[:16]}..., which is not under "
                         f"{settings.dist_dir}", hint="import reports only for wheels this release built")
-    target = matrix.target(wheels[report.wheel_sha256].target)
-    if report.target != target.name:
-        raise GateError(f"{source} says target {report.target}, but the wheel is for {target.name}")
-    passed, _ = judge(report.suites)
-    if report.passed != passed or backends.hardware_class(report.suites.get("platform", {})) != report.hardware_class:
+    wheel = wheels[report.wheel_sha256]
+    target = matrix.target(wheel.target)
+    if report.target != target.name or report.variant != target.variant or report.wheel_name != wheel.name:
+        raise GateError(f"{source} says {report.wheel_name} of target {report.target} ({report.variant}), but those "
+                        f"bytes are {wheel.name} of {target.name} ({target.variant})")
+    passed, _ = judge(report.suites, str(source))
+    if report.passed != (passed and may_gate(target, report.hardware_class)) or \
+            backends.hardware_class(report.suites.get("platform", {})) != report.hardware_class:
         raise GateError(f"{source}: its verdict does not follow from the suite results it carries")
-    settings.reports.store(report)
+    signature_file = source.with_name(source.name + ".sig")
+    signature = signature_file.read_bytes() if signature_file.is_file() else None
+    try:
+        settings.keyring.verify(data, signature, str(source))
+    except GateError:
+        if not trust_unsigned:
+            raise
+        trust = {"reason": trust_unsigned, "source": source.name, "signed": signature is not None,
+                 "sha256_of_report": hashlib.sha256(data).hexdigest()}
+        settings.reports.keep(report, data, None, trust=trust)
+        return report
+    settings.reports.keep(report, data, signature, trust=None)
     return report

@@ -41,13 +41,30 @@ def builder_tag(target: Target, profile: str) -> str:
 
 
 def wheelhouse(settings: Settings, matrix: Matrix, log: Path) -> Path:
-    """build/wheelhouse holds the torch wheel whose headers and libraries every build uses."""
+    """build/wheelhouse holds the torch wheel whose headers and libraries every build uses: a file
+    whose sha256 targets.toml lists. Any other torch there (stale after targets.toml changed, or
+    altered) is removed and the pinned one fetched with pip's --require-hashes."""
+    from polykernels_build.dist import sha256_of
+
     house = settings.build_dir / "wheelhouse"
-    if not list(house.glob("torch-*.whl")):
-        house.mkdir(parents=True, exist_ok=True)
-        run(["python3", "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(house),
-             matrix.build_torch], log=log, env=settings.tool_env,
-            hint=f"could not fetch {matrix.build_torch}; put its wheel into {house} by hand on air-gapped hosts")
+    house.mkdir(parents=True, exist_ok=True)
+    accepted = set(matrix.build_torch_sha256)
+    present = sorted(house.glob("torch-*.whl"))
+    for wheel in present:
+        if sha256_of(wheel) not in accepted:
+            wheel.unlink()
+    if not any(house.glob("torch-*.whl")):
+        requirement = house / "torch-requirement.txt"
+        requirement.write_text(f"{matrix.build_torch} " + " ".join(f"--hash=sha256:{h}" for h in sorted(accepted))
+                               + "\n")
+        run(["python3", "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--require-hashes", "-d",
+             str(house), "-r", str(requirement)], log=log, env=settings.tool_env,
+            hint=f"no {matrix.build_torch} file with a sha256 listed in targets.toml [build] torch_sha256 could be "
+                 f"fetched; add the hash of the file your index serves, or put the file into {house} by hand")
+        requirement.unlink()
+    kept = list(house.glob("torch-*.whl"))
+    if len(kept) != 1 or sha256_of(kept[0]) not in accepted:
+        raise ImageError(f"{house} must hold exactly one torch wheel with a pinned sha256")
     return house
 
 

@@ -52,7 +52,7 @@ def _build_and_gate(settings: Settings, matrix: Matrix, target: Target, host: Ho
         return
     with reporter.step(target.name, f"gate ({runtime})") as row:
         report = gate.gate(settings, matrix, outcome.wheel, runtime=runtime, profile=profile,
-                           log=build_step.log_path(settings, target.name, "gate"))
+                           log=build_step.log_path(settings, target.name, "gate"), allow_unpinned=allow_unpinned)
         outcome.suites = "passed" if report.passed else f"FAILED: {report.reason}"
         row.detail = f"{report.hardware_class}: {report.reason}"
         if not report.passed:
@@ -61,7 +61,8 @@ def _build_and_gate(settings: Settings, matrix: Matrix, target: Target, host: Ho
 
 def release(settings: Settings, matrix: Matrix, targets: list[Target], host: Host, reporter: Reporter, *,
             profile: str, runtime: str, waivers: dict[str, str], partial: bool, index_root: Path | None,
-            index_url: str | None = None, allow_unpinned: bool = False) -> list[TargetOutcome]:
+            index_url: str | None = None, allow_unpinned: bool = False,
+            lock_timeout: float = 600.0) -> list[TargetOutcome]:
     outcomes = []
     for target in targets:
         outcome = TargetOutcome(target=target.name)
@@ -78,11 +79,11 @@ def release(settings: Settings, matrix: Matrix, targets: list[Target], host: Hos
             with reporter.step("all", "publish") as row:
                 decisions = publish.publish(settings, matrix, wheels=built, index_root=index_root,
                                             repository_url=None, waivers=waivers, partial=partial,
+                                            lock_timeout=lock_timeout,
                                             log=build_step.log_path(settings, "release", "publish"))
                 for decision in decisions:
                     match = next(o for o in outcomes if o.target == decision.target)
-                    match.published = ("waived" if decision.basis.startswith("WAIVED") else "yes") \
-                        if decision.publish else "no"
+                    match.published = ("waived" if decision.waived else "yes") if decision.publish else "no"
                 row.detail = f"{sum(d.publish for d in decisions)} wheel(s) into {index_root or 'build/index'}"
         except FatalError as exc:
             reporter.info(exc.render())

@@ -6,6 +6,10 @@ Variables:
   intercepting networks, copied only into the download stages of image builds and mounted
   read-only into containers; never baked into a final image.
 - ``POLYKERNELS_KEEP_CONTAINER=1``: keep containers after a step, for debugging.
+- ``POLYKERNELS_GATE_KEY``: the SSH private key the gate signs its reports with (default: one it
+  creates under build/keys on first use); signing.py says who is believed.
+- ``TWINE_USERNAME``, ``TWINE_PASSWORD``, ``TWINE_CERT``: passed to twine alone, for
+  ``publish --repository-url`` (never to builds or containers).
 - ``GITHUB_ACTIONS``, ``GITHUB_STEP_SUMMARY``: log groups and the summary in Actions.
 """
 
@@ -16,10 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from polykernels_build.dist import ReportStore
+from polykernels_build.signing import Keyring
 
 _PASSED_TO_TOOLS = ("PATH", "HOME", "DOCKER_HOST", "DOCKER_CONFIG", "LANG", "TMPDIR", "PIP_CERT", "SSL_CERT_FILE",
                     "PIP_FIND_LINKS", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_CONFIG_FILE", "PYTHONPATH",
                     "GH_TOKEN")  # GH_TOKEN: `gh attestation verify` (set only on the steps that verify)
+# What twine needs to authenticate to a repository, and nothing else: tokens never reach other tools.
+_PASSED_TO_TWINE = ("TWINE_USERNAME", "TWINE_PASSWORD", "TWINE_CERT")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,6 +36,8 @@ class Settings:
     keep_containers: bool = False
     github_actions: bool = False
     tool_env: Mapping[str, str] = field(default_factory=dict)
+    twine_credentials: Mapping[str, str] = field(default_factory=dict)
+    gate_key: Path | None = None
 
     @property
     def default_profile(self) -> str:
@@ -44,8 +53,17 @@ class Settings:
         return self.build_dir / "dist"
 
     @property
+    def keyring(self) -> Keyring:
+        return Keyring(keys_dir=self.build_dir / "keys", repository_signers=self.root / "allowed_signers",
+                       key=self.gate_key, env=self.tool_env)
+
+    @property
     def reports(self) -> ReportStore:
-        return ReportStore(self.build_dir / "reports")
+        return ReportStore(self.build_dir / "reports", self.keyring)
+
+    @property
+    def twine_env(self) -> dict[str, str]:
+        return {**self.tool_env, **self.twine_credentials}
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], root: Path) -> Settings:
@@ -56,4 +74,6 @@ class Settings:
             keep_containers=env.get("POLYKERNELS_KEEP_CONTAINER") == "1",
             github_actions=env.get("GITHUB_ACTIONS") == "true",
             tool_env={k: v for k, v in env.items() if k in _PASSED_TO_TOOLS},
+            twine_credentials={k: v for k, v in env.items() if k in _PASSED_TO_TWINE},
+            gate_key=Path(env["POLYKERNELS_GATE_KEY"]) if env.get("POLYKERNELS_GATE_KEY") else None,
         )

@@ -69,6 +69,7 @@ class Target:
 class Matrix:
     path: Path
     build_torch: str
+    build_torch_sha256: tuple[str, ...]  # the torch wheel files accepted for build_torch
     index_url: str  # root URL of the variant indexes, recorded in every manifest (overridable per release)
     targets: Mapping[str, Target]
     bootstraps: Mapping[str, Bootstrap] = field(default_factory=dict)
@@ -143,7 +144,11 @@ def load(path: Path = Path("targets.toml")) -> Matrix:
     release = data.pop("release", {})
     _require(data, {"schema", "build", "target", "bootstrap"}, "top level", path)
     _check(data["schema"] == 1, path, "top level", f"schema {data['schema']} is not supported (expected 1)")
-    _require(data["build"], {"torch", "index_url"}, "build", path)
+    _require(data["build"], {"torch", "torch_sha256", "index_url"}, "build", path)
+    hashes = data["build"]["torch_sha256"]
+    _check(isinstance(hashes, list) and bool(hashes) and all(isinstance(h, str) and re.match(r"^[0-9a-f]{64}$", h)
+                                                             for h in hashes),
+           path, "build", "torch_sha256 must be a non-empty list of sha256 hex digests")
     bootstraps = {}
     for name, table in data["bootstrap"].items():
         _require(table, _BOOTSTRAP_KEYS, f"bootstrap.{name}", path)
@@ -157,7 +162,8 @@ def load(path: Path = Path("targets.toml")) -> Matrix:
         targets[pypi] = dataclasses.replace(targets[pypi], pypi=True)
     variants = [t.variant for t in targets.values()]
     _check(len(set(variants)) == len(variants), path, "target", f"variants must be unique, got {variants}")
-    return Matrix(path=path, build_torch=data["build"]["torch"], index_url=data["build"]["index_url"],
+    return Matrix(path=path, build_torch=data["build"]["torch"], build_torch_sha256=tuple(hashes),
+                  index_url=data["build"]["index_url"],
                   targets=targets, bootstraps=bootstraps)
 
 
@@ -192,8 +198,11 @@ def json_schema() -> dict[str, Any]:
             "schema": {"const": 1},
             "release": {"type": "object", "additionalProperties": False,
                         "properties": {"pypi": {"type": "string"}}},
-            "build": {"type": "object", "additionalProperties": False, "required": ["index_url", "torch"],
-                      "properties": {"torch": {"type": "string"}, "index_url": {"type": "string"}}},
+            "build": {"type": "object", "additionalProperties": False,
+                      "required": ["index_url", "torch", "torch_sha256"],
+                      "properties": {"torch": {"type": "string"}, "index_url": {"type": "string"},
+                                     "torch_sha256": {"type": "array", "minItems": 1, "items": {
+                                         "type": "string", "pattern": "^[0-9a-f]{64}$"}}}},
             "target": {"type": "object", "additionalProperties": {
                 "type": "object", "additionalProperties": False, "required": sorted(_TARGET_KEYS),
                 "properties": target_properties}},

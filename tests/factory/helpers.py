@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import json
 import zipfile
+from dataclasses import asdict
 from pathlib import Path
 
-from polykernels_build.dist import Wheel
+from polykernels_build.dist import GateReport, Wheel, judge
+from polykernels_build.signing import Keyring
 
 
 def make_wheel(directory: Path, target: str = "cpu", variant: str = "cpu", payload: bytes = b"x",
-               version: str = "0.1.0") -> Wheel:
-    """A wheel as the build leaves it: the file, and its recorded identity beside it."""
+               version: str = "0.1.0", name: str | None = None, manifest_variant: str | None = None) -> Wheel:
+    """A wheel as the build leaves it: the file, and its recorded identity beside it.
+    ``name`` renames the file (another build or platform tag, another label)."""
     directory.mkdir(parents=True, exist_ok=True)
-    name = f"polykernels-{version}+{variant}-cp310-abi3-manylinux_2_34_x86_64.whl"
+    name = name or f"polykernels-{version}+{variant}-cp310-abi3-manylinux_2_34_x86_64.whl"
     path = directory / name
-    info = {"target": target, "variant": variant, "backend": "cpu", "archs": [], "torch_floor": "2.11",
+    info = {"target": target, "variant": manifest_variant or variant, "backend": "cpu", "archs": [],
+            "torch_floor": "2.11",
             "image_digest": "sha256:" + "0" * 64, "index_url": f"http://127.0.0.1:8000/{variant}/simple"}
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("polykernels/_build_info.json", json.dumps(info))
@@ -34,3 +38,25 @@ def suites_report(passed: bool = True, backend: str = "cpu", arch: str | None = 
         "suites": [{"name": n, "status": status if n == "int4_parity" else "passed"}
                    for n in ("qwen_generation", "flux_warmup", "int4_parity")],
     }
+
+
+def gate_report(wheel: Wheel, passed: bool = True, backend: str = "cpu", arch: str | None = None,
+                variant: str | None = None) -> GateReport:
+    """The report the gate would write for ``wheel`` after suites that ran on ``backend``."""
+    from polykernels_build import backends
+
+    suites = suites_report(passed, backend, arch)
+    ok, reason = judge(suites)
+    return GateReport(wheel_sha256=wheel.sha256, wheel_name=wheel.name, target=wheel.target,
+                      variant=variant or wheel.manifest["variant"], hardware_class=backends.hardware_class(
+                          suites["platform"]), runtime="venv", host="test", passed=ok, reason=reason, seconds=1.0,
+                      created_at="2026-11-29T00:00:00+00:00", suites=suites)
+
+
+def report_file(path: Path, report: GateReport, keyring: Keyring | None = None) -> Path:
+    """A report as another host hands it over: JSON, and ``<file>.sig`` when ``keyring`` signs it."""
+    data = json.dumps(asdict(report), indent=2).encode()
+    path.write_bytes(data)
+    if keyring is not None:
+        path.with_name(path.name + ".sig").write_bytes(keyring.sign(data))
+    return path

@@ -62,6 +62,7 @@ def test_failed_suites_exit_with_the_gate_code(capsys, monkeypatch, tmp_path) ->
                         seconds=1.0, created_at="2026-11-30T00:00:00+00:00", suites=suites)
     source = tmp_path / "from-runner.json"
     source.write_text(json.dumps(report.__dict__))
+    source.with_name(source.name + ".sig").write_bytes(settings.keyring.sign(source.read_bytes()))
     assert cli.main(["gate", "--import-report", str(source)], env={}) == GateError.return_code == 7
     err = capsys.readouterr().err
     assert "int4_parity: failed" in err and "gate" in err

@@ -14,7 +14,7 @@ import pytest
 
 from polykernels_build import backends, gate, publish, serve, targets
 from polykernels_build.dist import GateReport, Wheel, judge, sha256_of
-from polykernels_build.errors import GateError, PublishError
+from polykernels_build.errors import ConfigError, GateError, PublishError
 from polykernels_build.settings import Settings
 from tests.factory.helpers import make_wheel, suites_report
 
@@ -64,8 +64,9 @@ def test_tampered_wheel_is_refused(settings: Settings) -> None:
     data = bytearray(wheel.path.read_bytes())
     data[-30] ^= 1  # one byte changed after the gate ran
     wheel.path.write_bytes(bytes(data))
-    with pytest.raises(PublishError, match="no gate report for these bytes"):
+    with pytest.raises(PublishError, match="changed after it was built and gated"):
         run_publish(settings)
+    assert not (settings.build_dir / "index" / "cpu").exists()
 
 
 def test_failing_suite_blocks_and_partial_publishes_the_rest(settings: Settings) -> None:
@@ -111,7 +112,7 @@ from pathlib import Path
 from polykernels_build import index, publish, targets
 from polykernels_build.settings import Settings
 
-def hang(stage, files):
+def hang(stage, files, release):
     print("staged", stage, flush=True)
     time.sleep(600)
 
@@ -160,6 +161,7 @@ def test_import_report_checks_the_wheel_bytes(settings: Settings, tmp_path: Path
     report_path = settings.reports.path(wheel.sha256)
     outside = tmp_path / "from-gpu-runner.json"
     shutil.copy(report_path, outside)
+    shutil.copy(settings.reports.signature_path(wheel.sha256), outside.with_name(outside.name + ".sig"))
     assert gate.import_report(settings, MATRIX, outside).passed
     data = json.loads(outside.read_text())
     data["wheel_sha256"] = "0" * 64
@@ -199,8 +201,11 @@ def test_missing_runtime_image_is_one_clear_error(settings: Settings, monkeypatc
     wheel = make_wheel(settings.dist_dir / "cuda13", target="cuda13", variant="cu130")
     monkeypatch.setattr(engine, "require_engine", lambda tool_env: None)
     monkeypatch.setattr(engine, "image_id", lambda reference, tool_env: None)
-    with pytest.raises(ImageError, match=r"image pytorch/pytorch:.* is not present") as error:
+    with pytest.raises(ConfigError, match=r"runtime image pytorch/pytorch:.* is not pinned by digest"):
         gate.gate(settings, MATRIX, wheel, runtime="container", profile="vendor", log=settings.build_dir / "log")
+    with pytest.raises(ImageError, match=r"image pytorch/pytorch:.* is not present") as error:
+        gate.gate(settings, MATRIX, wheel, runtime="container", profile="vendor", log=settings.build_dir / "log",
+                  allow_unpinned=True)
     assert "pull" in (error.value.hint or "")
 
 

@@ -96,3 +96,32 @@ def test_compiled_floor_follows_targets_toml(setup_module, tmp_path: Path) -> No
     assert build.backend == "cuda" and build.archs == target.archs
     assert build.target_version_macro == "-DTORCH_TARGET_VERSION=0x020c000000000000"
     assert info["index_url"] == "http://127.0.0.1:8000/cu130/simple"
+
+
+def test_nvcc_on_path_with_a_cpu_torch_builds_for_cpu(setup_module, tmp_path: Path) -> None:
+    # The build targets the backend of the torch it builds against, never just the compiler on PATH:
+    # a CUDA extension next to a CPU torch needs a libcudart.so.13 nobody installed, and cannot load.
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.parent.mkdir()
+    nvcc.write_text("#!/bin/sh\n")
+    nvcc.chmod(0o755)
+    env = {"PATH": f"{nvcc.parent}:/usr/bin", "CUDA_HOME": str(tmp_path)}
+    assert setup_module.resolve_build(env, detect=lambda: "cpu").backend == "cpu"
+    assert setup_module.resolve_build(env, detect=lambda: "cuda").backend == "cuda"
+    assert setup_module.resolve_build({**env, "POLYKERNELS_BACKEND": "cuda"}, detect=lambda: "cpu").backend == "cuda"
+    with pytest.raises(setup_module.BuildConfigError, match=r"torch is a cuda build but nvcc was not found"):
+        setup_module.resolve_build({"PATH": "/nonexistent"}, detect=lambda: "cuda")
+
+
+def test_this_hosts_cpu_torch_is_detected_as_cpu(setup_module) -> None:
+    import os
+    import shutil
+
+    import torch
+
+    assert torch.version.cuda is None and torch.version.hip is None  # the tests' torch is a CPU build
+    env = {"PATH": os.environ.get("PATH", "")}
+    assert setup_module.torch_backend() == "cpu"
+    build = setup_module.resolve_build(env)
+    assert build.backend == "cpu", f"nvcc at {shutil.which('nvcc')} must not decide the backend"
+

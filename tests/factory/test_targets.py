@@ -93,3 +93,38 @@ def test_not_toml_and_missing_file(tmp_path: Path) -> None:
         targets.load(tmp_path / "targets.toml")
     with pytest.raises(ConfigError, match="not found"):
         targets.load(tmp_path / "nope.toml")
+
+
+def test_a_stale_or_altered_torch_in_the_wheelhouse_is_fetched_again(tmp_path, monkeypatch) -> None:
+    # targets.toml pins the build torch by sha256: a wheelhouse file with another hash (an older
+    # torch after targets.toml moved on, or an altered file) is never reused.
+    import hashlib
+
+    from polykernels_build import images
+    from polykernels_build.settings import Settings
+
+    good = b"the pinned torch wheel"
+    text = (ROOT / "targets.toml").read_text()
+    pinned = hashlib.sha256(good).hexdigest()
+    start = text.index("torch_sha256 = [")
+    end = text.index("]", start) + 1
+    (tmp_path / "targets.toml").write_text(text[:start] + f'torch_sha256 = ["{pinned}"]' + text[end:])
+    matrix = targets.load(tmp_path / "targets.toml")
+    settings = Settings(root=tmp_path)
+    house = settings.build_dir / "wheelhouse"
+    house.mkdir(parents=True)
+    stale = house / "torch-2.12.0-cp311-cp311-manylinux_2_28_x86_64.whl"
+    stale.write_bytes(b"an older torch")
+    calls = []
+
+    def fake_pip(argv, **kwargs):
+        calls.append(argv)
+        assert "--require-hashes" in argv
+        (house / "torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(good)
+        return ""
+
+    monkeypatch.setattr(images, "run", fake_pip)
+    assert images.wheelhouse(settings, matrix, tmp_path / "log") == house
+    assert not stale.exists() and len(calls) == 1
+    images.wheelhouse(settings, matrix, tmp_path / "log")
+    assert len(calls) == 1  # the pinned file is reused as it is

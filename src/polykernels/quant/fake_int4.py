@@ -42,8 +42,13 @@ def _register_python_side() -> None:
     _registered = True
 
 
-def check_arguments(x: object, group_size: object) -> None:
-    """Raise TypeError/ValueError naming the argument; shared by both public ops."""
+def check_arguments(x: object, group_size: object, symmetric: object = True) -> None:
+    """Raise TypeError/ValueError naming the argument; shared by both public ops.
+
+    ``symmetric`` must be a real ``bool``: ``None`` or the string ``'False'`` would otherwise
+    be coerced by ``bool()`` into the opposite of what the caller meant, silently."""
+    if not isinstance(symmetric, bool):
+        raise TypeError(f"symmetric must be a bool (True or False), got {type(symmetric).__name__} {symmetric!r}")
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in _SUPPORTED_DTYPES:
@@ -89,15 +94,15 @@ def fake_int4_quant(
 
     Differentiable: the gradient is straight-through (d out / d x = identity), as QAT expects.
     """
-    check_arguments(x, group_size)
+    check_arguments(x, group_size, symmetric)
     _register_python_side()
-    return torch.ops.polykernels.fake_int4_quant(x, group_size, bool(symmetric))
+    return torch.ops.polykernels.fake_int4_quant(x, group_size, symmetric)
 
 
 def int4_quant_codes(
     x: torch.Tensor, group_size: int = 128, symmetric: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Like :func:`fake_int4_quant` but returns the int8 codes instead of dequantized values (exporters)."""
-    check_arguments(x, group_size)
+    check_arguments(x, group_size, symmetric)
     _register_python_side()
-    return torch.ops.polykernels.int4_quant_codes(x, group_size, bool(symmetric))
+    return torch.ops.polykernels.int4_quant_codes(x, group_size, symmetric)

@@ -113,6 +113,14 @@ def test_bad_input_names_the_argument(x: object, group_size: object, error: type
         fake_int4_quant(x, group_size)
 
 
+@pytest.mark.parametrize("symmetric", [None, "False", "True", 0, 1, 1.0], ids=repr)
+@pytest.mark.parametrize("op", [fake_int4_quant, int4_quant_codes], ids=lambda f: f.__name__)
+def test_symmetric_must_be_a_real_bool(op: object, symmetric: object) -> None:
+    # bool(None) is False and bool('False') is True: a coercion would quantize the other way, silently.
+    with pytest.raises(TypeError, match=r"symmetric must be a bool .*got " + type(symmetric).__name__):
+        op(torch.randn(2, 64), 32, symmetric)
+
+
 def test_direct_op_call_is_checked_in_cpp_too() -> None:
     fake_int4_quant(torch.randn(1, 32), 32)  # loads and registers the library
     with pytest.raises(RuntimeError, match=r"group_size must be one of 32, 64, 128, 256, got 48"):
