@@ -30,7 +30,8 @@ def setup(tmp_path):
 
 
 def _gate_statement(wheel: Wheel, target: str, passed: bool = True) -> dict:
-    report = GateReport(wheel_sha256=wheel.sha256, wheel_name=wheel.name, target=target, variant="x",
+    variant = targets.load(ROOT / "targets.toml").target(target).variant
+    report = GateReport(wheel_sha256=wheel.sha256, wheel_name=wheel.name, target=target, variant=variant,
                              hardware_class="nvidia" if target == "cuda13" else "cpu", runtime="venv", host="r",
                              passed=passed, reason="ok", seconds=1.0, created_at="2026-12-01T00:00:00+00:00",
                              suites=suites_report(passed, backend="cuda" if target == "cuda13" else "cpu"))
