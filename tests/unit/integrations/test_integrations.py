@@ -49,13 +49,14 @@ def _spy(calls: list, implementation):
     return spy
 
 
-def test_qwen3_next_model_really_calls_the_op() -> None:
-    from polykernels.integrations.transformers import apply_to_qwen3_next, polykernels_gated_delta_rule
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
+def test_model_really_calls_the_op(family: str) -> None:
+    from polykernels.integrations.transformers import apply_to_qwen, polykernels_gated_delta_rule
     from polykernels.suites.qwen_generation import build_model
 
-    model = build_model(torch.device("cpu"), torch.float32)
+    model = build_model(torch.device("cpu"), torch.float32, family)
     calls: list = []
-    with apply_to_qwen3_next(model, implementation=_spy(calls, polykernels_gated_delta_rule)), torch.no_grad():
+    with apply_to_qwen(model, implementation=_spy(calls, polykernels_gated_delta_rule)), torch.no_grad():
         model(torch.randint(3, 90, (1, 70)))
     assert calls and calls[0][1] == 70  # the prefill went through the swapped op
 
@@ -78,6 +79,28 @@ def test_qwen3_5_moe_model_is_recognised_and_calls_the_op() -> None:
         model(torch.randint(3, 60, (1, 9)))
     assert patch.description == "polykernels -> transformers qwen3_5_moe_text"
     assert calls and calls[0][1] == 9
+
+
+def test_qwen3_5_forward_with_the_patch_matches_the_models_own_op() -> None:
+    from polykernels.integrations.transformers import apply_to_qwen, reference_implementation
+    from polykernels.suites.qwen_generation import build_model
+
+    model = build_model(torch.device("cpu"), torch.float32, "qwen3_5")
+    tokens = torch.randint(3, model.config.vocab_size, (1, 130), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        with apply_to_qwen(model, implementation=reference_implementation("qwen3_5")):
+            reference = model(tokens, use_cache=False).logits
+        with apply_to_qwen(model):
+            ours = model(tokens, use_cache=False).logits
+
+        def no_mixing(query, key, value, *args, **kwargs):
+            return torch.zeros_like(value), None
+
+        with apply_to_qwen(model, implementation=no_mixing):
+            broken = model(tokens, use_cache=False).logits
+    torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-4)
+    # The comparison can fail: the op's output moves the logits far beyond that tolerance.
+    assert (broken - reference).abs().max() > 100 * 1e-4
 
 
 def test_model_type_is_read_from_the_config_and_checked() -> None:
