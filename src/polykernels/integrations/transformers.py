@@ -1,9 +1,11 @@
-"""Put polykernels' gated delta rule into transformers' Qwen3-Next (and Qwen3.5, same op).
+"""Put polykernels' gated delta rule into transformers' Qwen3-Next and Qwen3.5 (dense and MoE).
 
-transformers 5.x calls the module global ``modeling_qwen3_next.torch_chunk_gated_delta_rule``
-(wrapped by a hub-kernel decorator that silently prefers FLA when FLA is installed); older
-versions keep the op as the instance attribute ``linear_attn.chunk_gated_delta_rule``. Both
-are swapped, and ``Patch.restore()`` puts the originals back.
+The three families call the same op the same way: transformers 5.x calls the module globals
+``torch_chunk_gated_delta_rule`` (prefill) and ``torch_recurrent_gated_delta_rule`` (one-token
+decode) of each family's modeling module, wrapped by a hub-kernel decorator that silently prefers
+FLA when FLA is installed; older versions keep the op as the instance attribute
+``linear_attn.chunk_gated_delta_rule``. Both are swapped, and ``Patch.restore()`` puts the
+originals back. Each family has its own copy of the globals, so patching one leaves the others alone.
 """
 
 from __future__ import annotations
@@ -16,7 +18,15 @@ import torch
 
 from polykernels.integrations._patching import Patch
 
-SUPPORTED_MODEL_TYPES = {"qwen3_next": "transformers.models.qwen3_next.modeling_qwen3_next"}
+# config.model_type -> the modeling module that holds the op. The ``*_text`` types are the
+# configs of the text-only ``Qwen3_5ForCausalLM`` / ``Qwen3_5MoeForCausalLM``.
+SUPPORTED_MODEL_TYPES = {
+    "qwen3_next": "transformers.models.qwen3_next.modeling_qwen3_next",
+    "qwen3_5": "transformers.models.qwen3_5.modeling_qwen3_5",
+    "qwen3_5_text": "transformers.models.qwen3_5.modeling_qwen3_5",
+    "qwen3_5_moe": "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
+    "qwen3_5_moe_text": "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
+}
 _OP_GLOBALS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
 
 
@@ -33,7 +43,11 @@ def polykernels_gated_delta_rule(
     cu_seqlens: torch.Tensor | None = None,
     **unused: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """transformers' calling convention over `polykernels.gated_delta_rule.chunk_gated_delta_rule`."""
+    """transformers' calling convention over `polykernels.gated_delta_rule.chunk_gated_delta_rule`.
+
+    ``**unused`` takes the attention kwargs transformers forwards to every op (position ids,
+    flash-attention sequence lengths other than ``cu_seqlens``); the op has no use for them.
+    """
     from polykernels.gated_delta_rule import chunk_gated_delta_rule
 
     if chunk_size != 64:
@@ -46,10 +60,15 @@ def polykernels_gated_delta_rule(
     )
 
 
-def model_module(model_type: str = "qwen3_next") -> Any:
+def _check_model_type(model_type: object) -> str:
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"unsupported model type {model_type!r}; supported: {sorted(SUPPORTED_MODEL_TYPES)}")
-    return importlib.import_module(SUPPORTED_MODEL_TYPES[model_type])
+    return model_type  # type: ignore[return-value]
+
+
+def model_module(model_type: str = "qwen3_next") -> Any:
+    """The transformers modeling module whose op globals `apply_to_qwen` swaps for ``model_type``."""
+    return importlib.import_module(SUPPORTED_MODEL_TYPES[_check_model_type(model_type)])
 
 
 def reference_implementation(model_type: str = "qwen3_next") -> Callable[..., Any]:
@@ -58,31 +77,37 @@ def reference_implementation(model_type: str = "qwen3_next") -> Callable[..., An
     return getattr(op, "__wrapped__", op)
 
 
-def apply_to_qwen3_next(
+def apply_to_qwen(
     model: torch.nn.Module | None = None,
     *,
+    model_type: str | None = None,
     gated_delta_rule: bool = True,
     implementation: Callable[..., Any] | None = None,
 ) -> Patch:
-    """Route Qwen3-Next's gated delta rule (prefill and decode) through polykernels.
+    """Route a Qwen3-Next or Qwen3.5 model's gated delta rule (prefill and decode) through polykernels.
 
     Args:
-        model: a model instance; its layers that hold the op as an attribute (older transformers)
-            are patched too. The module-level op is patched either way.
+        model: a model instance; its family is read from ``model.config.model_type``, and its layers
+            that hold the op as an attribute (older transformers) are patched too.
+        model_type: the family to patch before a model exists (one of ``SUPPORTED_MODEL_TYPES``); with
+            ``model`` it must agree with the model's own type.
         gated_delta_rule: swap the gated delta rule (the one op this integration covers today).
         implementation: what to install instead of polykernels' op (e.g. the reference, for A/B runs).
 
     Returns: a `Patch`; call ``.restore()`` (or use it as a context manager) to undo.
     """
     if model is not None:
-        model_type = getattr(getattr(model, "config", None), "model_type", None)
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"unsupported model type {model_type!r}; supported: {sorted(SUPPORTED_MODEL_TYPES)}")
-    patch = Patch("polykernels -> transformers qwen3_next")
+        found = _check_model_type(getattr(getattr(model, "config", None), "model_type", None))
+        if model_type is not None and _check_model_type(model_type) != found:
+            raise ValueError(f"model_type={model_type!r} but the model's config says {found!r}")
+        model_type = found
+    elif model_type is None:
+        raise ValueError(f"pass a model or a model_type; supported: {sorted(SUPPORTED_MODEL_TYPES)}")
+    module = model_module(model_type)
+    patch = Patch(f"polykernels -> transformers {model_type}")
     if not gated_delta_rule:
         return patch
     op = implementation or polykernels_gated_delta_rule
-    module = model_module()
     for name in _OP_GLOBALS:
         if hasattr(module, name):
             patch.set(module, name, op, f"{module.__name__}.{name}")
@@ -91,3 +116,14 @@ def apply_to_qwen3_next(
             if "chunk_gated_delta_rule" in vars(layer) or hasattr(type(layer), "chunk_gated_delta_rule"):
                 patch.set(layer, "chunk_gated_delta_rule", op, f"{layer_name}.chunk_gated_delta_rule")
     return patch
+
+
+def apply_to_qwen3_next(
+    model: torch.nn.Module | None = None,
+    *,
+    gated_delta_rule: bool = True,
+    implementation: Callable[..., Any] | None = None,
+) -> Patch:
+    """`apply_to_qwen` for Qwen3-Next: a model of another family is refused."""
+    return apply_to_qwen(model, model_type="qwen3_next", gated_delta_rule=gated_delta_rule,
+                         implementation=implementation)

@@ -1,14 +1,17 @@
-"""Qwen generation: a tiny random-weight Qwen3-Next generates and scores text the same way with
-polykernels' gated delta rule as with the model's own pure-torch op.
+"""Qwen generation: tiny random-weight Qwen3-Next and Qwen3.5 models generate and score text the
+same way with polykernels' gated delta rule as with each model's own pure-torch op.
 
 fp32: the greedy tokens must be identical and perplexity within 1%. bf16: perplexity within 1%
-and the first divergence (if any) late: after half of the generated tokens. Nothing is downloaded.
+and the first divergence (if any) late: after half of the generated tokens. Nothing is downloaded:
+the configs are built here.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -17,10 +20,24 @@ from polykernels.suites.report import CaseResult, SuiteResult
 
 NAME = "qwen_generation"
 NEW_TOKENS = 32
-PROMPT_LENGTHS = (65, 130)  # across chunk boundaries
+TEXT_LENGTH = 200  # the perplexity text: three full chunks of 64 and a partial one
 
 
-def tiny_config(on_gpu: bool) -> Any:
+@dataclass(frozen=True, kw_only=True)
+class Family:
+    """One model family under test: how to build its tiny config and model, and its prompt lengths."""
+
+    name: str
+    config: Callable[[bool], Any]
+    model_class: str
+    prompt_lengths: tuple[int, ...]
+    cpu_prompt_lengths: tuple[int, ...] | None = None  # fewer, where the CPU run must stay short
+
+    def lengths(self, device: torch.device) -> tuple[int, ...]:
+        return self.prompt_lengths if device.type == "cuda" else self.cpu_prompt_lengths or self.prompt_lengths
+
+
+def _qwen3_next_config(on_gpu: bool) -> Any:
     from transformers import Qwen3NextConfig
 
     if on_gpu:  # the real head dims the kernels are tuned for
@@ -39,23 +56,62 @@ def tiny_config(on_gpu: bool) -> Any:
     )
 
 
-def build_model(device: torch.device, dtype: torch.dtype) -> Any:
-    from transformers import Qwen3NextForCausalLM
+def _qwen3_5_config(on_gpu: bool) -> Any:
+    from transformers import Qwen3_5TextConfig
+
+    if on_gpu:  # 2 qk / 8 v heads of 128: a Qwen3.5 layer split 8 ways, the shape issue benchmarks use
+        sizes = {"hidden_size": 512, "head_dim": 64, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+                 "linear_num_key_heads": 2, "linear_num_value_heads": 8, "intermediate_size": 512,
+                 "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512}
+        layer_types = ["linear_attention", "full_attention", "linear_attention"]
+    else:  # the fewest programs that still exercise GVA: the Triton interpreter's time goes per program
+        sizes = {"hidden_size": 32, "head_dim": 16, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+                 "linear_num_key_heads": 1, "linear_num_value_heads": 2, "intermediate_size": 48,
+                 "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 99}
+        layer_types = ["linear_attention", "full_attention"]
+    return Qwen3_5TextConfig(
+        num_hidden_layers=len(layer_types), layer_types=layer_types, hidden_act="silu", linear_conv_kernel_dim=2,
+        max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2, **sizes,
+    )
+
+
+FAMILIES = (
+    Family(name="qwen3_next", config=_qwen3_next_config, model_class="Qwen3NextForCausalLM",
+           prompt_lengths=(65, 130)),  # across one and two chunk boundaries
+    Family(name="qwen3_5", config=_qwen3_5_config, model_class="Qwen3_5ForCausalLM",
+           prompt_lengths=(65, 130), cpu_prompt_lengths=(130,)),  # 130: two boundaries and a partial chunk
+)
+
+
+def tiny_config(on_gpu: bool, family: str = "qwen3_next") -> Any:
+    return _family(family).config(on_gpu)
+
+
+def _family(name: str) -> Family:
+    for family in FAMILIES:
+        if family.name == name:
+            return family
+    raise ValueError(f"unknown family {name!r}; known: {[f.name for f in FAMILIES]}")
+
+
+def build_model(device: torch.device, dtype: torch.dtype, family: str = "qwen3_next") -> Any:
+    import transformers
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.set_verbosity_error()  # optional-kernel fallback notices are not results
 
+    spec = _family(family)
     torch.manual_seed(0)
-    model = Qwen3NextForCausalLM(tiny_config(device.type == "cuda")).eval()
+    model = getattr(transformers, spec.model_class)(spec.config(device.type == "cuda")).eval()
     # Sharper logits than the default init: greedy choices are then decided by the model, not by ties.
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)
     return model.to(device=device, dtype=dtype)
 
 
-def _prompts(vocab: int, device: torch.device) -> list[torch.Tensor]:
+def _prompts(vocab: int, lengths: tuple[int, ...], device: torch.device) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(1234)
-    return [torch.randint(3, vocab, (1, n), generator=gen).to(device) for n in PROMPT_LENGTHS]
+    return [torch.randint(3, vocab, (1, n), generator=gen).to(device) for n in lengths]
 
 
 @torch.no_grad()
@@ -73,30 +129,33 @@ def _first_divergence(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
 
 
-def run_precision(device: torch.device, dtype: torch.dtype) -> list[CaseResult]:
-    from polykernels.integrations.transformers import apply_to_qwen3_next, reference_implementation
+def run_precision(family: Family, device: torch.device, dtype: torch.dtype) -> list[CaseResult]:
+    from polykernels.integrations.transformers import apply_to_qwen, reference_implementation
 
-    model = build_model(device, dtype)
-    prompts = _prompts(model.config.vocab_size, device)
-    text = torch.randint(3, model.config.vocab_size, (1, 200), generator=torch.Generator().manual_seed(7)).to(device)
+    model = build_model(device, dtype, family.name)
+    model_type = model.config.model_type
+    vocab = model.config.vocab_size
+    lengths = family.lengths(device)
+    prompts = _prompts(vocab, lengths, device)
+    text = torch.randint(3, vocab, (1, TEXT_LENGTH), generator=torch.Generator().manual_seed(7)).to(device)
     start = time.perf_counter()
-    with apply_to_qwen3_next(model, implementation=reference_implementation()):
+    with apply_to_qwen(model, implementation=reference_implementation(model_type)):
         ref_tokens, ref_ppl = _generate_and_score(model, prompts, text)
     ref_seconds = time.perf_counter() - start
     start = time.perf_counter()
-    with apply_to_qwen3_next(model) as patch:
+    with apply_to_qwen(model) as patch:
         if not patch.targets:
-            raise RuntimeError("apply_to_qwen3_next patched nothing: the model no longer calls the op we swap")
+            raise RuntimeError(f"apply_to_qwen patched nothing in {model_type}: the model no longer calls the op")
         our_tokens, our_ppl = _generate_and_score(model, prompts, text)
     our_seconds = time.perf_counter() - start
 
-    label = str(dtype).removeprefix("torch.")
+    label = f"{family.name}-{str(dtype).removeprefix('torch.')}"
     cases = []
     relative = abs(our_ppl - ref_ppl) / ref_ppl
     cases.append(CaseResult(name=f"{label}-perplexity", passed=relative < 0.01,
                             detail=f"polykernels {our_ppl:.4f} vs reference {ref_ppl:.4f} ({100 * relative:.3f}%)",
                             metrics={"ours": our_ppl, "reference": ref_ppl}))
-    for length, ours, ref in zip(PROMPT_LENGTHS, our_tokens, ref_tokens, strict=True):
+    for length, ours, ref in zip(lengths, our_tokens, ref_tokens, strict=True):
         diverged = _first_divergence(ours, ref)
         if dtype == torch.float32:
             passed = diverged is None
@@ -114,5 +173,6 @@ def run_precision(device: torch.device, dtype: torch.dtype) -> list[CaseResult]:
 
 def run(device: torch.device) -> SuiteResult:
     start = time.perf_counter()
-    cases = run_precision(device, torch.float32) + run_precision(device, torch.bfloat16)
+    cases = [case for family in FAMILIES for dtype in (torch.float32, torch.bfloat16)
+             for case in run_precision(family, device, dtype)]
     return SuiteResult.from_cases(NAME, cases, time.perf_counter() - start)

@@ -1,50 +1,138 @@
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
+FAMILY_MODULES = {
+    "qwen3_next": "transformers.models.qwen3_next.modeling_qwen3_next",
+    "qwen3_5": "transformers.models.qwen3_5.modeling_qwen3_5",
+    "qwen3_5_moe": "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe",
+}
+OPS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
 
-def test_qwen3_next_patch_swaps_and_restores() -> None:
-    from transformers.models.qwen3_next import modeling_qwen3_next as modeling
 
+def _ops(module_name: str) -> tuple:
+    module = importlib.import_module(module_name)
+    return tuple(getattr(module, name) for name in OPS)
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILY_MODULES))
+def test_patch_swaps_one_family_and_restores(model_type: str) -> None:
+    from polykernels.integrations.transformers import apply_to_qwen, polykernels_gated_delta_rule
+
+    before = {name: _ops(module) for name, module in FAMILY_MODULES.items()}
+    with apply_to_qwen(model_type=model_type) as patch:
+        assert _ops(FAMILY_MODULES[model_type]) == (polykernels_gated_delta_rule,) * 2
+        assert patch.targets == [f"{FAMILY_MODULES[model_type]}.{name}" for name in OPS]
+        for other, module in FAMILY_MODULES.items():
+            if other != model_type:
+                assert _ops(module) == before[other]  # each family has its own globals
+    assert {name: _ops(module) for name, module in FAMILY_MODULES.items()} == before
+
+
+def test_qwen3_next_alias_patches_qwen3_next_only() -> None:
     from polykernels.integrations.transformers import apply_to_qwen3_next, polykernels_gated_delta_rule
 
-    original = modeling.torch_chunk_gated_delta_rule
     with apply_to_qwen3_next() as patch:
-        assert modeling.torch_chunk_gated_delta_rule is polykernels_gated_delta_rule
-        assert modeling.torch_recurrent_gated_delta_rule is polykernels_gated_delta_rule
+        assert _ops(FAMILY_MODULES["qwen3_next"]) == (polykernels_gated_delta_rule,) * 2
+        assert _ops(FAMILY_MODULES["qwen3_5"])[0] is not polykernels_gated_delta_rule
         assert len(patch.targets) == 2
-    assert modeling.torch_chunk_gated_delta_rule is original
 
 
-def test_qwen3_next_model_really_calls_the_op() -> None:
-    from polykernels.integrations.transformers import apply_to_qwen3_next
+def _spy(calls: list, implementation):
+    def spy(*args, **kwargs):
+        calls.append(args[0].shape)
+        return implementation(*args, **kwargs)
+
+    return spy
+
+
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
+def test_model_really_calls_the_op(family: str) -> None:
+    from polykernels.integrations.transformers import apply_to_qwen, polykernels_gated_delta_rule
     from polykernels.suites.qwen_generation import build_model
 
-    model = build_model(torch.device("cpu"), torch.float32)
-    calls = []
-
-    def spy(*args, **kwargs):
-        from polykernels.integrations.transformers import polykernels_gated_delta_rule
-
-        calls.append(args[0].shape)
-        return polykernels_gated_delta_rule(*args, **kwargs)
-
-    with apply_to_qwen3_next(model, implementation=spy), torch.no_grad():
+    model = build_model(torch.device("cpu"), torch.float32, family)
+    calls: list = []
+    with apply_to_qwen(model, implementation=_spy(calls, polykernels_gated_delta_rule)), torch.no_grad():
         model(torch.randint(3, 90, (1, 70)))
     assert calls and calls[0][1] == 70  # the prefill went through the swapped op
 
 
-def test_qwen3_next_rejects_other_models_and_unknown_options() -> None:
-    from polykernels.integrations.transformers import apply_to_qwen3_next
+def test_qwen3_5_moe_model_is_recognised_and_calls_the_op() -> None:
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
 
-    class NotQwen(torch.nn.Module):
-        config = type("Config", (), {"model_type": "llama"})()
+    from polykernels.integrations.transformers import apply_to_qwen, reference_implementation
 
-    with pytest.raises(ValueError, match=r"unsupported model type 'llama'; supported: \['qwen3_next'\]"):
-        apply_to_qwen3_next(NotQwen())
-    with pytest.raises(TypeError):
+    config = Qwen3_5MoeTextConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, linear_conv_kernel_dim=2,
+        linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=1, linear_num_value_heads=2,
+        moe_intermediate_size=16, shared_expert_intermediate_size=16, num_experts=4, num_experts_per_tok=2,
+    )
+    model = Qwen3_5MoeForCausalLM(config).eval()
+    calls: list = []
+    spy = _spy(calls, reference_implementation("qwen3_5_moe"))
+    with apply_to_qwen(model, implementation=spy) as patch, torch.no_grad():
+        model(torch.randint(3, 60, (1, 9)))
+    assert patch.description == "polykernels -> transformers qwen3_5_moe_text"
+    assert calls and calls[0][1] == 9
+
+
+def test_qwen3_5_forward_with_the_patch_matches_the_models_own_op() -> None:
+    from polykernels.integrations.transformers import apply_to_qwen, reference_implementation
+    from polykernels.suites.qwen_generation import build_model
+
+    model = build_model(torch.device("cpu"), torch.float32, "qwen3_5")
+    tokens = torch.randint(3, model.config.vocab_size, (1, 130), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        with apply_to_qwen(model, implementation=reference_implementation("qwen3_5")):
+            reference = model(tokens, use_cache=False).logits
+        with apply_to_qwen(model):
+            ours = model(tokens, use_cache=False).logits
+
+        def no_mixing(query, key, value, *args, **kwargs):
+            return torch.zeros_like(value), None
+
+        with apply_to_qwen(model, implementation=no_mixing):
+            broken = model(tokens, use_cache=False).logits
+    torch.testing.assert_close(ours, reference, rtol=1e-4, atol=1e-4)
+    # The comparison can fail: the op's output moves the logits far beyond that tolerance.
+    assert (broken - reference).abs().max() > 100 * 1e-4
+
+
+def test_model_type_is_read_from_the_config_and_checked() -> None:
+    from polykernels.integrations.transformers import apply_to_qwen, apply_to_qwen3_next
+
+    def fake(model_type: str) -> torch.nn.Module:
+        model = torch.nn.Module()
+        model.config = type("Config", (), {"model_type": model_type})()
+        return model
+
+    supported = r"\['qwen3_5', 'qwen3_5_moe', 'qwen3_5_moe_text', 'qwen3_5_text', 'qwen3_next'\]"
+    with pytest.raises(ValueError, match=rf"unsupported model type 'llama'; supported: {supported}"):
+        apply_to_qwen(fake("llama"))
+    with pytest.raises(ValueError, match=rf"unsupported model type 'qwen2'; supported: {supported}"):
+        apply_to_qwen(model_type="qwen2")
+    with pytest.raises(ValueError, match=rf"pass a model or a model_type; supported: {supported}"):
+        apply_to_qwen()
+    with pytest.raises(ValueError, match="model_type='qwen3_next' but the model's config says 'qwen3_5_text'"):
+        apply_to_qwen3_next(fake("qwen3_5_text"))
+    with apply_to_qwen(fake("qwen3_5_moe")) as patch:
+        assert patch.targets[0].startswith(FAMILY_MODULES["qwen3_5_moe"])
+
+
+def test_unknown_options_raise_type_error() -> None:
+    from polykernels.integrations.transformers import apply_to_qwen, apply_to_qwen3_next
+
+    with pytest.raises(TypeError, match="norms"):
+        apply_to_qwen(model_type="qwen3_5", norms=True)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="norms"):
         apply_to_qwen3_next(norms=True)  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        apply_to_qwen3_next(model_type="qwen3_5")  # type: ignore[call-arg]  # the alias fixes its family
 
 
 def test_flux_patch_swaps_norms_and_restores() -> None:
