@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -57,6 +58,39 @@ def check_manifest(wheel: Wheel, target: Target) -> CheckResult:
         problems.append(f"version label: file {file_version}, METADATA {version and version.group(1)}, "
                         f"expected +{target.variant} in both")
     return CheckResult("manifest", not problems, "; ".join(problems) or f"{file_version}, {info['image_digest'][:19]}")
+
+
+# What the symbol versions allow: "constrains the platform tag to ..." when external libraries
+# (libtorch, the GPU runtime) keep the wheel from being consistent with a policy as a whole,
+# "consistent with the following platform tag: ..." when nothing does.
+AUDITWHEEL_CONSTRAINT = re.compile(r'(?:constrains the platform tag to|consistent with the following platform tag:) '
+                                   r'"manylinux_(\d+)_(\d+)_x86_64"')
+
+
+def check_floor(wheel: Wheel, log: Path, env: Mapping[str, str]) -> CheckResult:
+    """`auditwheel show`: the glibc/libstdc++ symbol versions the extension needs allow the floor
+    its manifest promises (manylinux_2_28, torch's own), and the file carries that tag. (auditwheel
+    also reports "linux_x86_64" consistency: libtorch and the GPU runtime are left to torch's
+    wheels on purpose, which auditwheel cannot know.)"""
+    promised = str(wheel.manifest.get("manylinux") or "")
+    match = re.match(r"^manylinux_(\d+)_(\d+)_x86_64$", promised)
+    if not match:
+        return CheckResult("floor", False, f"manifest manylinux {promised or 'missing'!r}")
+    out = run([sys.executable, "-m", "auditwheel", "show", str(wheel.path)], log=log, env=env)
+    needs = AUDITWHEEL_CONSTRAINT.search(" ".join(out.split()))
+    if needs is None:
+        return CheckResult("floor", False, "auditwheel show gave no manylinux constraint (a symbol past every "
+                                           "manylinux policy?); see the log")
+    need, floor = (int(needs.group(1)), int(needs.group(2))), (int(match.group(1)), int(match.group(2)))
+    tagged = f"-{promised}.whl" in wheel.name or f".{promised}." in wheel.name
+    problems = []
+    if need > floor:
+        problems.append(f"symbols need manylinux_{need[0]}_{need[1]}, past the promised {promised}")
+    if not tagged:
+        problems.append(f"{wheel.name} is not tagged {promised}")
+    reason = wheel.manifest.get("floor_reason")
+    return CheckResult("floor", not problems, "; ".join(problems) or
+                       f"{promised} (symbols allow manylinux_{need[0]}_{need[1]})" + (f": {reason}" if reason else ""))
 
 
 def check_size(wheel: Wheel, target: Target) -> CheckResult:
@@ -295,6 +329,7 @@ def run_checks(wheel: Wheel, target: Target, builder_image: str, python_tag: str
     return [
         check_manifest(wheel, target),
         check_size(wheel, target),
+        check_floor(wheel, log, env),
         check_coverage(found, target),
         check_label(so, found, wheel.manifest, target, log, env),
         check_symbols(so, target, sdk, log, env),

@@ -4,18 +4,22 @@ extension linked against it, so each check can be made to fail for exactly the b
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from polykernels_build import checks, targets
+from polykernels_build.dist import Wheel
 
 ROOT = Path(__file__).resolve().parents[2]
 MATRIX = targets.load(ROOT / "targets.toml")
-ENV = {"PATH": os.environ["PATH"]}
+ENV = {"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
 GFX942 = MATRIX.target("rocm-gfx942")
 HIP_72 = {"soname": "libamdhip64.so.7", "version": "7.2.53211-9999"}
 
@@ -146,3 +150,66 @@ def test_cpu_extension_has_nothing_to_prove(tmp_path: Path) -> None:
     (tmp_path / "c.c").write_text("int f(void){return 1;}\n")
     cc("-shared", "-fPIC", str(tmp_path / "c.c"), "-o", str(tmp_path / "c.so"))
     assert checks.check_runtime_symbols(tmp_path / "c.so", None, MATRIX.target("cpu"), tmp_path / "log", ENV).passed
+
+
+def floor_wheel(directory: Path, sources: list[Path], tag: str = "manylinux_2_28_x86_64") -> Wheel:
+    """A wheel holding one extension compiled here from ``sources``, promising ``tag``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    so = directory / "_C.abi3.so"
+    compiler = "c++" if any(s.suffix == ".cpp" for s in sources) else "cc"
+    if shutil.which(compiler) is None:
+        pytest.fail(f"these tests compile a tiny extension: {compiler} is needed")
+    subprocess.run([compiler, "-shared", "-fPIC", "-O2", *map(str, sources), "-o", str(so)], check=True)
+    name = f"polykernels-0.1.0+cpu-cp310-abi3-{tag}.whl"
+    manifest = {"target": "cpu", "variant": "cpu", "manylinux": tag}
+    dist_info = "polykernels-0.1.0+cpu.dist-info"
+    with zipfile.ZipFile(directory / name, "w") as archive:
+        archive.write(so, "polykernels/_C.abi3.so")
+        archive.writestr("polykernels/_build_info.json", json.dumps(manifest))
+        archive.writestr(f"{dist_info}/METADATA", "Metadata-Version: 2.4\nName: polykernels\nVersion: 0.1.0+cpu\n")
+        archive.writestr(f"{dist_info}/WHEEL", f"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: false\n"
+                                               f"Tag: cp310-abi3-{tag}\n")
+        # auditwheel finds the files to read through RECORD.
+        archive.writestr(f"{dist_info}/RECORD", "".join(f"{n},,\n" for n in (
+            "polykernels/_C.abi3.so", "polykernels/_build_info.json", f"{dist_info}/METADATA", f"{dist_info}/WHEEL",
+            f"{dist_info}/RECORD")))
+    return Wheel.open(directory / name)
+
+
+# libstdc++ >= 11 on glibc >= 2.32 reads this in every reference count: the symbol that made our
+# wheels manylinux_2_34 (the build hosts here have glibc 2.36).
+READS_SINGLE_THREADED = ("#include <stdlib.h>\nextern char __libc_single_threaded;\n"
+                         "int polykernels_probe(void){return __libc_single_threaded + (getenv(\"X\") != 0);}\n")
+OLD_SYMBOLS_ONLY = "#include <stdlib.h>\nint polykernels_probe(void){return getenv(\"X\") != 0;}\n"
+
+
+def test_floor_passes_for_old_symbols_only(tmp_path: Path) -> None:
+    (tmp_path / "ok.c").write_text(OLD_SYMBOLS_ONLY)
+    result = checks.check_floor(floor_wheel(tmp_path / "w", [tmp_path / "ok.c"]), tmp_path / "log", ENV)
+    assert result.passed, result.detail
+
+
+def test_floor_fails_for_libc_single_threaded(tmp_path: Path) -> None:
+    (tmp_path / "st.c").write_text(READS_SINGLE_THREADED)
+    result = checks.check_floor(floor_wheel(tmp_path / "w", [tmp_path / "st.c"]), tmp_path / "log", ENV)
+    assert not result.passed and "past the promised manylinux_2_28_x86_64" in result.detail
+
+
+def test_the_compat_definition_brings_the_floor_back_to_2_28(tmp_path: Path) -> None:
+    # csrc/compat/glibc_2_28.cpp binds the read inside the extension: nothing past glibc 2.28 is imported.
+    (tmp_path / "st.c").write_text(READS_SINGLE_THREADED)
+    wheel = floor_wheel(tmp_path / "w", [tmp_path / "st.c", ROOT / "csrc" / "compat" / "glibc_2_28.cpp"])
+    result = checks.check_floor(wheel, tmp_path / "log", ENV)
+    assert result.passed, result.detail
+    out = subprocess.run(["nm", "-D", "--undefined-only", str(tmp_path / "w" / "_C.abi3.so")], capture_output=True,
+                         text=True, check=True).stdout
+    assert "__libc_single_threaded" not in out
+
+
+def test_floor_fails_for_a_wheel_not_tagged_as_promised(tmp_path: Path) -> None:
+    (tmp_path / "ok.c").write_text(OLD_SYMBOLS_ONLY)
+    wheel = floor_wheel(tmp_path / "w", [tmp_path / "ok.c"], tag="manylinux_2_34_x86_64")
+    wheel = Wheel(path=wheel.path, sha256=wheel.sha256,
+                  manifest={**wheel.manifest, "manylinux": "manylinux_2_28_x86_64"})
+    result = checks.check_floor(wheel, tmp_path / "log", ENV)
+    assert not result.passed and "is not tagged manylinux_2_28_x86_64" in result.detail
