@@ -1,7 +1,9 @@
 """The factory end to end, in real containers (needs a Docker engine: run with --run-docker).
 
 Every target's wheel builds in its offline builder image and passes its checks (device-code
-coverage, stable-ABI symbols, loading with no Python torch); the cpu wheel is then released:
+coverage, the label check, stable-ABI symbols, the symbol-version proof against the GPU runtime
+it links, loading with no Python torch against that runtime) and carries torch's
+manylinux_2_28 tag, which `auditwheel show` confirms; the cpu wheel is then released:
 gated in a clean runtime container, published to a static index, and pip-installed from that
 index (file:// and HTTP) into fresh environments that run the suites.
 """
@@ -22,11 +24,14 @@ from polykernels_build import cli, serve
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = re.search(r'__version__ = "([^"]+)"', (ROOT / "src/polykernels/_version.py").read_text()).group(1)
 EXPECTED_WHEELS = {
-    "cpu": f"polykernels-{VERSION}+cpu-cp310-abi3-manylinux_2_34_x86_64.whl",
-    "cuda13": f"polykernels-{VERSION}+cu130-cp310-abi3-manylinux_2_34_x86_64.whl",
-    "rocm-gfx942": f"polykernels-{VERSION}+rocm7.gfx942-cp310-abi3-manylinux_2_34_x86_64.whl",
-    "rocm-gfx950": f"polykernels-{VERSION}+rocm7.gfx950-cp310-abi3-manylinux_2_34_x86_64.whl",
+    "cpu": f"polykernels-{VERSION}+cpu-cp310-abi3-manylinux_2_28_x86_64.whl",
+    "cuda13": f"polykernels-{VERSION}+cu130-cp310-abi3-manylinux_2_28_x86_64.whl",
+    "rocm-gfx942": f"polykernels-{VERSION}+rocm7.2.gfx942-cp310-abi3-manylinux_2_28_x86_64.whl",
+    "rocm-gfx950": f"polykernels-{VERSION}+rocm7.2.gfx950-cp310-abi3-manylinux_2_28_x86_64.whl",
 }
+# The GPU runtime each target's extension must need (DT_NEEDED), and be loaded against.
+EXPECTED_RUNTIME = {"cpu": None, "cuda13": "libcudart.so.13", "rocm-gfx942": "libamdhip64.so.7",
+                    "rocm-gfx950": "libamdhip64.so.7"}
 
 pytestmark = pytest.mark.docker
 
@@ -45,7 +50,29 @@ def test_every_target_builds_and_passes_its_checks(target: str) -> None:
     assert wheels == [EXPECTED_WHEELS[target]]
     checks = json.loads(next((ROOT / "build/dist" / target).glob("*.checks.json")).read_text())
     assert {c["name"]: c["passed"] for c in checks} == {
-        "manifest": True, "size": True, "coverage": True, "symbols": True, "loads": True}
+        "manifest": True, "size": True, "floor": True, "coverage": True, "label": True, "symbols": True,
+        "runtime-symbols": True, "loads": True}
+    by_name = {c["name"]: c["detail"] for c in checks}
+    runtime = EXPECTED_RUNTIME[target]
+    wheel = next((ROOT / "build/dist" / target).glob("*.whl"))
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as archive:
+        manifest = json.loads(archive.read("polykernels/_build_info.json"))
+        so = Path(archive.extract(next(n for n in archive.namelist() if n.endswith("_C.abi3.so")),
+                                  wheel.parent / "e2e-unpacked"))
+    needed = subprocess.run(["readelf", "-d", "-W", str(so)], capture_output=True, text=True, check=True).stdout
+    if runtime:
+        assert f"Shared library: [{runtime}]" in needed
+        assert manifest["runtime"]["soname"] == runtime
+        assert runtime in by_name["loads"]  # the process that ran the CPU kernel had mapped that runtime
+    else:
+        assert "libamdhip64" not in needed and "libcudart" not in needed and manifest["runtime"] is None
+    assert "deviations" not in manifest and manifest["manylinux"] == "manylinux_2_28_x86_64"
+    shown = subprocess.run([sys.executable, "-m", "auditwheel", "show", str(wheel)], capture_output=True,
+                           text=True, check=False)
+    constraint = checks.AUDITWHEEL_CONSTRAINT.search(" ".join(shown.stdout.split()))
+    assert constraint and (int(constraint.group(1)), int(constraint.group(2))) <= (2, 28), shown.stdout + shown.stderr
 
 
 def layered_venv(path: Path) -> Path:
@@ -114,7 +141,16 @@ def rocm_builder() -> str:
         assert cli.main(["images", "--target", "rocm-gfx942", "--profile", "offline"], env=os.environ) == 0
     finally:
         os.chdir(previous)
-    return "polykernels-builder:rocm-sid-rocm"
+    return "polykernels-builder:rocm-sid-rocm7"
+
+
+def test_the_rocm_builder_is_the_hip_7_2_toolchain(rocm_builder: str) -> None:
+    # The hipcc the wheels and the tests below use: HIP 7.2 on its clang, the ROCm 7 runtime only.
+    result = subprocess.run(["docker", "run", "--rm", "--pull=never", rocm_builder, "sh", "-c",
+                             "hipcc --version; ls /usr/lib/x86_64-linux-gnu/ | grep libamdhip64"],
+                            capture_output=True, text=True, check=True)
+    assert "HIP version: 7.2." in result.stdout, result.stdout
+    assert "libamdhip64.so.7" in result.stdout and "libamdhip64.so.6" not in result.stdout
 
 
 def test_every_gpu_source_compiles_with_hipcc_for_both_gfx_archs(rocm_builder: str) -> None:
@@ -125,7 +161,7 @@ def test_every_gpu_source_compiles_with_hipcc_for_both_gfx_archs(rocm_builder: s
     compiles = " && ".join(
         f"hipcc -x hip -c /csrc/{src} -o /tmp/k{i}.o -std=c++20 -fPIC -I/csrc/include -I/csrc "
         "-I/opt/torch-sdk/torch/include -DUSE_ROCM=1 -DTORCH_TARGET_VERSION=0x020d000000000000 "
-        f"--offload-arch=gfx942 --offload-arch=gfx950 && (cd /tmp && llvm-objdump-21 --offloading k{i}.o)"
+        f"--offload-arch=gfx942 --offload-arch=gfx950 && (cd /tmp && llvm-objdump --offloading k{i}.o)"
         for i, src in enumerate(sources))
     result = subprocess.run(
         ["docker", "run", "--rm", "--pull=never", "-v", f"{ROOT / 'csrc'}:/csrc:ro", rocm_builder, "sh", "-c",
