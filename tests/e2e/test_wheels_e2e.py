@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from polykernels_build import cli, serve
+from polykernels_build import cli, serve, targets
+from polykernels_build.checks import AUDITWHEEL_CONSTRAINT
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = re.search(r'__version__ = "([^"]+)"', (ROOT / "src/polykernels/_version.py").read_text()).group(1)
@@ -71,7 +72,7 @@ def test_every_target_builds_and_passes_its_checks(target: str) -> None:
     assert "deviations" not in manifest and manifest["manylinux"] == "manylinux_2_28_x86_64"
     shown = subprocess.run([sys.executable, "-m", "auditwheel", "show", str(wheel)], capture_output=True,
                            text=True, check=False)
-    constraint = checks.AUDITWHEEL_CONSTRAINT.search(" ".join(shown.stdout.split()))
+    constraint = AUDITWHEEL_CONSTRAINT.search(" ".join(shown.stdout.split()))
     assert constraint and (int(constraint.group(1)), int(constraint.group(2))) <= (2, 28), shown.stdout + shown.stderr
 
 
@@ -181,3 +182,51 @@ def test_cuda_warp_mask_would_break_hipcc(rocm_builder: str) -> None:
         input=source, capture_output=True, text=True, check=False)
     assert result.returncode != 0
     # tests/unit/test_payload_structure.py scans every csrc source for the CUDA spelling.
+
+
+# The hardware facts the payload's guards encode, re-proven with the hipcc the ROCm wheels are
+# built with: gfx942 has XF32 (TF32) matrix instructions and gfx950 has none, which is why the
+# GDN kernels fall back to three bf16 passes there (platform.has_tf32_dots); and no AMD target
+# has NVIDIA's `f` register constraint, which is why inline PTX is guarded to CUDA
+# (platform.has_inline_ptx). Each guard must say exactly what the compiler says.
+XF32_DOT = """#include <hip/hip_runtime.h>
+typedef float v2f __attribute__((ext_vector_type(2)));
+typedef float v4f __attribute__((ext_vector_type(4)));
+__global__ void k(const v2f* a, const v2f* b, v4f* c) {
+  c[threadIdx.x] = __builtin_amdgcn_mfma_f32_16x16x8_xf32(a[threadIdx.x], b[threadIdx.x], c[threadIdx.x], 0, 0, 0);
+}
+"""
+INLINE_PTX = """#include <hip/hip_runtime.h>
+__global__ void k(float* x) { float y; asm("cvt.rn.f32.f32 %0, %1;" : "=f"(y) : "f"(x[0])); x[0] = y; }
+"""
+ROCM_ARCHS = sorted({a for t in targets.load(ROOT / "targets.toml").targets.values() if t.backend == "rocm"
+                     for a in t.archs})
+
+
+def hipcc_compiles(builder: str, source: str, arch: str) -> tuple[bool, str]:
+    result = subprocess.run(
+        ["docker", "run", "--rm", "--pull=never", "-i", builder, "sh", "-c",
+         f"cat > /tmp/k.hip && hipcc -c /tmp/k.hip -o /tmp/k.o --offload-arch={arch}"],
+        input=source, capture_output=True, text=True, check=False)
+    return result.returncode == 0, result.stdout[-1500:] + result.stderr[-1500:]
+
+
+@pytest.mark.parametrize("arch", ROCM_ARCHS)
+def test_tf32_guard_matches_hipcc(rocm_builder: str, arch: str) -> None:
+    from polykernels import platform
+
+    compiled, output = hipcc_compiles(rocm_builder, XF32_DOT, arch)
+    with platform.use(platform.for_triton_target(f"hip:{arch}")):
+        assert platform.has_tf32_dots() == compiled, output
+    if not compiled:
+        assert "Cannot select: intrinsic %llvm.amdgcn.mfma.f32.16x16x8.xf32" in output
+
+
+@pytest.mark.parametrize("arch", ROCM_ARCHS)
+def test_inline_ptx_guard_matches_hipcc(rocm_builder: str, arch: str) -> None:
+    from polykernels import platform
+
+    compiled, output = hipcc_compiles(rocm_builder, INLINE_PTX, arch)
+    with platform.use(platform.for_triton_target(f"hip:{arch}")):
+        assert platform.has_inline_ptx() == compiled, output
+    assert "invalid output constraint '=f'" in output
