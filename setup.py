@@ -31,6 +31,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import tempfile
 from collections.abc import Callable, Mapping
@@ -51,7 +52,8 @@ CUDA_ARCH_PATTERN = re.compile(r"^(\d+)\.(\d+)(a|f)?(\+PTX)?$")
 # Factory builds take it from the target's torch_floor instead. HIP needs 2.13: before it the
 # stream accessor is CUDA-named and lives in libtorch_hip only.
 DEFAULT_TORCH_TARGET = {"cpu": (2, 11), "cuda": (2, 11), "rocm": (2, 13)}
-CPU_SOURCES = ["csrc/int4_qat/fake_int4_quant_cpu.cpp"]
+# compat/glibc_2_28.cpp keeps the host code at torch's manylinux_2_28 floor (see the file).
+CPU_SOURCES = ["csrc/int4_qat/fake_int4_quant_cpu.cpp", "csrc/compat/glibc_2_28.cpp"]
 GPU_SOURCES = ["csrc/int4_qat/fake_int4_quant_gpu.cu"]
 
 
@@ -219,8 +221,44 @@ def _toolkit_version(build: ExtensionBuild) -> str | None:
     if build.compiler is None:
         return None
     out = subprocess.run([build.compiler, "--version"], capture_output=True, text=True, check=False).stdout
+    # nvcc: "release 13.0, V13.0.88"; hipcc: "HIP version: 7.2.53211-<hash>" (kept whole: its
+    # major.minor is the runtime's, the rest says which build).
     match = re.search(r"release (\d+\.\d+)", out) or re.search(r"HIP version: (\S+)", out)
     return match.group(1) if match else out.strip().splitlines()[-1] if out.strip() else None
+
+
+GPU_RUNTIME_SONAME = re.compile(r"^(libamdhip64|libcudart)\.so\.\d+$")
+
+
+def elf_needed(path: Path) -> list[str]:
+    """DT_NEEDED entries of a 64-bit little-endian ELF file, read without binutils."""
+    data = path.read_bytes()
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise BuildConfigError(f"{path} is not a 64-bit little-endian ELF file")
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    names = []
+    for section in sections:
+        if section[1] != 6:  # SHT_DYNAMIC
+            continue
+        strings = sections[section[6]][4]  # sh_link -> the dynamic string table's offset
+        for offset in range(section[4], section[4] + section[5], 16):
+            tag, value = struct.unpack_from("<qQ", data, offset)
+            if tag == 0:
+                break
+            if tag == 1:  # DT_NEEDED
+                names.append(data[strings + value: data.index(b"\0", strings + value)].decode())
+    return names
+
+
+def gpu_runtime(output: Path, build: ExtensionBuild) -> dict[str, str | None] | None:
+    """The GPU runtime the linked extension needs (its DT_NEEDED soname) and the toolkit's runtime
+    version: what the import-time check compares with torch.version.hip / torch.version.cuda."""
+    sonames = [n for n in elf_needed(output) if GPU_RUNTIME_SONAME.match(n)]
+    if build.backend == "cpu" or not sonames:
+        return None
+    return {"soname": sonames[0], "version": _toolkit_version(build)}
 
 
 class BuildStableExtension(build_ext):
@@ -276,9 +314,10 @@ class BuildStableExtension(build_ext):
             if build.backend == "cuda":
                 runtime = [*(f"-L{d}" for d in nvcc_library_dirs(build.compiler)), "-lcudart"]
         _run([*linker, *objects, "-o", str(output), *torch_lib, *torch_libs, *runtime])
-        self._write_build_info(build, output.parent)
+        self._write_build_info(build, output.parent, gpu_runtime(output, build))
 
-    def _write_build_info(self, build: ExtensionBuild, package_dir: Path) -> None:
+    def _write_build_info(self, build: ExtensionBuild, package_dir: Path,
+                          runtime: dict[str, str | None] | None) -> None:
         major, minor = build.torch_target
         info = {
             "schema": 1,
@@ -288,6 +327,7 @@ class BuildStableExtension(build_ext):
             "archs": list(build.archs),
             "toolkit": _toolkit_version(build),
             "torch_floor": f"{major}.{minor}",
+            "runtime": runtime,
             "git_sha": None,
             "image_digest": None,
             "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -2,8 +2,13 @@
 
 A wheel built for one vendor, arch set or torch floor must refuse to run anywhere else with
 an ImportError that names the install command for the right wheel, never with an
-`undefined symbol` or a silently wrong kernel. At import only torch's version and vendor are
-compared (``check``); the device's arch when the device is first used (``check_device``).
+`undefined symbol` or a silently wrong kernel. At import only torch's version, vendor and GPU
+runtime are compared (``check``); the device's arch when the device is first used (``check_device``).
+
+``runtime`` is the GPU runtime the extension links (``{"soname": "libamdhip64.so.7", "version":
+"7.2.53211-..."}``): a ROCm 7 torch carries ``libamdhip64.so.7`` and nothing else, so a wheel
+linked against another major would fail with "cannot open shared object file"; one linked against
+a newer minor than torch's may import a symbol torch's runtime lacks. Both are refused here.
 
 The factory writes ``index_url`` (``<root>/<variant>/simple``, from targets.toml or the release's
 --index-url) into every manifest, so the command names the index of the variant that fits.
@@ -37,6 +42,9 @@ class BuildInfo:
     image_digest: str | None = None
     built_at: str | None = None
     index_url: str | None = None
+    runtime: dict[str, Any] | None = None  # {"soname": ..., "version": ...} of the linked GPU runtime
+    manylinux: str | None = None  # the glibc floor of the host code, e.g. manylinux_2_28_x86_64
+    floor_reason: str | None = None  # why, where that floor is above torch's manylinux_2_28
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -53,14 +61,22 @@ def load_build_info(path: Path = BUILD_INFO_PATH) -> BuildInfo | None:
     return BuildInfo.from_dict(json.loads(path.read_text()))
 
 
-def variant_for(platform: Platform) -> str:
-    """The wheel variant that serves ``platform`` (the factory's targets follow this rule)."""
+def _major_minor(version: str | None, default: str) -> tuple[str, str]:
+    parts = (*_version_tuple(version or default), 0, 0)[:2]
+    return str(parts[0]), str(parts[1])
+
+
+def variant_for(platform: Platform, info: BuildInfo | None = None) -> str:
+    """The wheel variant that serves ``platform``: its runtime's major.minor, and for ROCm its arch
+    (at import the arch is not queried yet: then the installed wheel's own arch). The factory's
+    labels follow the same rule (backends.variant_label), and its label check enforces it."""
     if platform.backend == "cuda":
-        major = (platform.runtime_version or "13.0").split(".")[0]
-        return f"cu{major}0"
+        major, minor = _major_minor(platform.runtime_version, "13.0")
+        return f"cu{major}{minor}"
     if platform.backend == "rocm":
-        major = (platform.runtime_version or "7").split(".")[0]
-        return f"rocm{major}.{platform.arch}"
+        major, minor = _major_minor(platform.runtime_version, "7.2")
+        arch = platform.arch or (info.archs[0] if info and info.backend == "rocm" and len(info.archs) == 1 else None)
+        return f"rocm{major}.{minor}.{arch}" if arch else f"rocm{major}.{minor}"
     return "cpu"
 
 
@@ -75,9 +91,9 @@ def index_for(info: BuildInfo, variant: str) -> str | None:
 
 
 def install_command(info: BuildInfo, platform: Platform) -> str:
-    index = index_for(info, variant_for(platform))
+    index = index_for(info, variant_for(platform, info))
     if index is None:  # a local build: it was not published anywhere
-        variant = variant_for(platform)
+        variant = variant_for(platform, info)
         return f"pip install --force-reinstall polykernels from the {variant} index (<your index>/{variant}/simple)"
     return f"pip install --force-reinstall --index-url {index} polykernels"
 
@@ -134,7 +150,30 @@ def _platform_problems(info: BuildInfo, platform: Platform) -> list[str]:
             f"it has no device code for this GPU ({platform.device_name}, {platform.arch}); "
             f"it was built for {', '.join(info.archs)}"
         )
+    if info.backend == platform.backend:
+        found += _runtime_problems(info, platform)
     return found
+
+
+def _runtime_problems(info: BuildInfo, platform: Platform) -> list[str]:
+    """The linked GPU runtime against torch's: the same major (the soname torch ships), and a
+    minor no newer than torch's (every symbol we import is proven defined by our runtime only)."""
+    runtime = info.runtime or {}
+    if not runtime.get("version") or not platform.runtime_version:
+        return []
+    name = "HIP" if info.backend == "rocm" else "CUDA"
+    ours = _version_tuple(str(runtime["version"]))[:2]
+    theirs = _version_tuple(platform.runtime_version)[:2]
+    if len(ours) < 2 or len(theirs) < 2 or ours == theirs:
+        return []
+    linked = f"{runtime.get('soname')} ({name} {ours[0]}.{ours[1]})"
+    if ours[0] != theirs[0]:
+        return [f"it links {linked} but torch is built with {name} {platform.runtime_version}, "
+                f"whose runtime is another major version"]
+    if ours[1] > theirs[1]:
+        return [f"it links {linked}, newer than torch's {name} {platform.runtime_version}: "
+                f"torch's runtime may lack symbols it imports"]
+    return []
 
 
 def check_device(info: BuildInfo | None, platform: Platform) -> None:

@@ -7,6 +7,9 @@ branches on a backend name. Each object answers:
 - the device code a wheel must contain and how to list what it does contain (coverage check);
 - the runtime symbol prefixes the extension may leave undefined (symbol check) and the dlopen
   binding of the load test;
+- the GPU runtime library a target's toolkit links (``runtime_soname``: ``libamdhip64.so.7``,
+  ``libcudart.so.13``), where a builder image keeps it, and the variant label that names what a
+  wheel links (``variant_label``): the label check and the symbol-version proof read these;
 - the hardware class a suites report ran on, what this host has, and ``can_gate(hardware, host)``.
 """
 
@@ -49,7 +52,12 @@ class Backend(Protocol):
     name: str
     runtime_prefixes: tuple[str, ...]  # undefined symbols the GPU runtime provides
     load_binding: str  # dlopen mode of the load test: "lazy" where a GPU-only shim may be unresolved
-    offline_deviation: str  # how the offline profile's builds differ from the vendor's (in the manifest)
+    runtime_stem: str | None  # the GPU runtime's library name before its major: "libamdhip64.so"
+    runtime_dirs: tuple[str, ...]  # where builder images keep that runtime (searched in order)
+
+    def runtime_soname(self, toolkit: str) -> str | None: ...
+
+    def variant_label(self, toolkit: str, archs: tuple[str, ...]) -> str: ...
 
     def arch_problem(self, archs: tuple[str, ...]) -> str | None: ...
 
@@ -77,8 +85,14 @@ class Cpu:
     name = "cpu"
     runtime_prefixes: tuple[str, ...] = ()
     load_binding = "now"
-    offline_deviation = ("glibc and libstdc++ of Debian bookworm instead of the manylinux_2_28 ones: "
-                         "the wheel tag says which")
+    runtime_stem = None
+    runtime_dirs: tuple[str, ...] = ()
+
+    def runtime_soname(self, toolkit: str) -> str | None:
+        return None
+
+    def variant_label(self, toolkit: str, archs: tuple[str, ...]) -> str:
+        return "cpu"
 
     def arch_problem(self, archs: tuple[str, ...]) -> str | None:
         return "a cpu target has no archs" if archs else None
@@ -107,7 +121,15 @@ class Cuda:
     runtime_prefixes = ("cuda", "__cuda")
     # The stable current-stream shim lives in libtorch_cuda, absent from the SDK: resolve lazily.
     load_binding = "lazy"
-    offline_deviation = Cpu.offline_deviation
+    runtime_stem = "libcudart.so"
+    runtime_dirs = ("/usr/local/cuda/lib", "/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib")
+
+    def runtime_soname(self, toolkit: str) -> str | None:
+        return f"{self.runtime_stem}.{toolkit.split('.', 1)[0]}"
+
+    def variant_label(self, toolkit: str, archs: tuple[str, ...]) -> str:
+        """cu130 for CUDA 13.0: one wheel carries every arch, the toolkit names it."""
+        return "cu" + "".join(toolkit.split(".")[:2])
 
     def arch_problem(self, archs: tuple[str, ...]) -> str | None:
         bad = [a for a in archs if not CUDA_ARCH.match(a)]
@@ -145,7 +167,16 @@ class Rocm:
     name = "rocm"
     runtime_prefixes = ("hip", "__hip")
     load_binding = "now"
-    offline_deviation = "HIP runtime from Debian (libamdhip64.so.6, HIP 6.4), not ROCm 7: runs on ROCm 6 runtimes"
+    runtime_stem = "libamdhip64.so"
+    runtime_dirs = ("/usr/lib/x86_64-linux-gnu", "/opt/rocm/lib", "/opt/rocm/lib64")
+
+    def runtime_soname(self, toolkit: str) -> str | None:
+        return f"{self.runtime_stem}.{toolkit.split('.', 1)[0]}"
+
+    def variant_label(self, toolkit: str, archs: tuple[str, ...]) -> str:
+        """rocm7.2.gfx942: the HIP runtime it links (major.minor) and, for a one-arch wheel, its arch."""
+        release = "rocm" + ".".join(toolkit.split(".")[:2])
+        return f"{release}.{archs[0]}" if len(archs) == 1 else release
 
     def arch_problem(self, archs: tuple[str, ...]) -> str | None:
         bad = [a for a in archs if a not in ROCM_ARCHS]
@@ -158,10 +189,11 @@ class Rocm:
         return set(archs)
 
     def device_code(self, so: Path, builder_image: str, log: Path, env: Mapping[str, str]) -> set[str]:
-        """gfx code objects, listed by the builder image's own llvm-objdump (it reads its own LLVM's
-        bundles). It extracts each bundle next to its input: work on a copy in a writable directory."""
+        """gfx code objects, listed by the builder image's own llvm-objdump (the LLVM hipcc drives:
+        it reads its own LLVM's bundles). It extracts each bundle next to its input: work on a copy
+        in a writable directory."""
         script = (f"mkdir -p /tmp/bundles && cd /tmp/bundles && cp /w/{so.name} . && "
-                  f"llvm-objdump-21 --offloading {so.name}")
+                  f"llvm-objdump --offloading {so.name}")
         out = run(["docker", "run", "--rm", "--pull=never", "-v", f"{so.parent}:/w:ro", builder_image, "sh", "-c",
                    script], log=log, env=env)
         return set(re.findall(r"hipv4-amdgcn-amd-amdhsa--(gfx\w+)", out))

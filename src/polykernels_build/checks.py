@@ -1,10 +1,13 @@
 """Checks every built wheel must pass before it can be gated: manifest, size, device-code
-coverage, and undefined symbols limited to torch's stable C ABI and the GPU runtime."""
+coverage, the label (what the extension links and carries is what its variant label says),
+undefined symbols limited to torch's stable C ABI and the GPU runtime, the symbol-version proof
+against the GPU runtime it was linked with, and a load test against that runtime."""
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -59,18 +62,179 @@ def check_manifest(wheel: Wheel, target: Target) -> CheckResult:
     return CheckResult("manifest", not problems, "; ".join(problems) or f"{file_version}, {info['image_digest'][:19]}")
 
 
+# What the symbol versions allow: "constrains the platform tag to ..." when external libraries
+# (libtorch, the GPU runtime) keep the wheel from being consistent with a policy as a whole,
+# "consistent with the following platform tag: ..." when nothing does.
+AUDITWHEEL_CONSTRAINT = re.compile(r'(?:constrains the platform tag to|consistent with the following platform tag:) '
+                                   r'"manylinux_(\d+)_(\d+)_x86_64"')
+
+
+def check_floor(wheel: Wheel, log: Path, env: Mapping[str, str]) -> CheckResult:
+    """`auditwheel show`: the glibc/libstdc++ symbol versions the extension needs allow the floor
+    its manifest promises (manylinux_2_28, torch's own), and the file carries that tag. (auditwheel
+    also reports "linux_x86_64" consistency: libtorch and the GPU runtime are left to torch's
+    wheels on purpose, which auditwheel cannot know.)"""
+    promised = str(wheel.manifest.get("manylinux") or "")
+    match = re.match(r"^manylinux_(\d+)_(\d+)_x86_64$", promised)
+    if not match:
+        return CheckResult("floor", False, f"manifest manylinux {promised or 'missing'!r}")
+    out = run([sys.executable, "-m", "auditwheel", "show", str(wheel.path)], log=log, env=env)
+    needs = AUDITWHEEL_CONSTRAINT.search(" ".join(out.split()))
+    if needs is None:
+        return CheckResult("floor", False, "auditwheel show gave no manylinux constraint (a symbol past every "
+                                           "manylinux policy?); see the log")
+    need, floor = (int(needs.group(1)), int(needs.group(2))), (int(match.group(1)), int(match.group(2)))
+    tagged = f"-{promised}.whl" in wheel.name or f".{promised}." in wheel.name
+    problems = []
+    if need > floor:
+        problems.append(f"symbols need manylinux_{need[0]}_{need[1]}, past the promised {promised}")
+    if not tagged:
+        problems.append(f"{wheel.name} is not tagged {promised}")
+    reason = wheel.manifest.get("floor_reason")
+    return CheckResult("floor", not problems, "; ".join(problems) or
+                       f"{promised} (symbols allow manylinux_{need[0]}_{need[1]})" + (f": {reason}" if reason else ""))
+
+
 def check_size(wheel: Wheel, target: Target) -> CheckResult:
     size_mib = wheel.size / 2**20
     return CheckResult("size", size_mib <= target.size_budget_mib,
                        f"{size_mib:.2f} MiB (budget {target.size_budget_mib} MiB)")
 
 
-def check_coverage(so: Path, target: Target, builder_image: str, log: Path, env: Mapping[str, str]) -> CheckResult:
-    backend = backends.get(target.backend)
-    expected, found = backend.expected_device_code(target.archs), backend.device_code(so, builder_image, log, env)
+def check_coverage(found: set[str], target: Target) -> CheckResult:
+    expected = backends.get(target.backend).expected_device_code(target.archs)
     if found == expected:
         return CheckResult("coverage", True, ", ".join(sorted(found)) or "no device code (cpu)")
     return CheckResult("coverage", False, f"device code {sorted(found)} but the target asks for {sorted(expected)}")
+
+
+RUNTIME_SONAME = re.compile(r"^(libamdhip64\.so|libcudart\.so)\.(\d+)$")
+
+
+def needed(so: Path, log: Path, env: Mapping[str, str]) -> list[str]:
+    """The DT_NEEDED entries of an ELF shared object, in order (readelf -d)."""
+    out = run(["readelf", "-d", "-W", str(so)], log=log, env=env)
+    return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out)
+
+
+def soname(so: Path, log: Path, env: Mapping[str, str]) -> str | None:
+    out = run(["readelf", "-d", "-W", str(so)], log=log, env=env)
+    match = re.search(r"\(SONAME\)\s+Library soname: \[([^\]]+)\]", out)
+    return match.group(1) if match else None
+
+
+def gpu_runtimes(names: list[str]) -> list[str]:
+    """The GPU runtime sonames (libamdhip64.so.N, libcudart.so.N) among DT_NEEDED entries."""
+    return [n for n in names if RUNTIME_SONAME.match(n)]
+
+
+def check_label(so: Path, found_device_code: set[str], manifest: Mapping[str, object], target: Target, log: Path,
+                env: Mapping[str, str]) -> CheckResult:
+    """A label can never lie: the GPU runtime the extension needs (DT_NEEDED) is the one the
+    target's toolkit links, the manifest records that soname and a runtime version of that
+    toolkit, and the variant label derived from what was linked and the device code found is
+    the target's label. A wheel labelled rocm7.2 that needs libamdhip64.so.6 fails here."""
+    backend = backends.get(target.backend)
+    linked = gpu_runtimes(needed(so, log, env))
+    want = backend.runtime_soname(target.toolkit)
+    problems = []
+    if linked != ([want] if want else []):
+        problems.append(f"DT_NEEDED GPU runtime {linked or 'none'}, but toolkit {target.toolkit} "
+                        f"({target.backend}) links {want or 'none'}")
+    runtime = manifest.get("runtime") or {}
+    if not isinstance(runtime, Mapping):
+        runtime = {}
+    if want:
+        version = str(runtime.get("version") or "")
+        if runtime.get("soname") != (linked[0] if linked else None):
+            problems.append(f"manifest runtime soname {runtime.get('soname')!r}, DT_NEEDED says "
+                            f"{linked[0] if linked else None!r}")
+        if not (version == target.toolkit or version.startswith(f"{target.toolkit}.")):
+            problems.append(f"manifest runtime version {version or 'missing'!r} is not toolkit {target.toolkit}")
+    elif runtime:
+        problems.append(f"a {target.backend} wheel records a GPU runtime {dict(runtime)}")
+    # The label as the binary tells it: the runtime's major.minor and the device code's archs.
+    if linked and want:
+        major = RUNTIME_SONAME.match(linked[0]).group(2)  # type: ignore[union-attr]
+        version = str(runtime.get("version") or "")
+        minor = version.split(".")[1] if version.startswith(f"{major}.") and "." in version else "?"
+        toolkit_seen = f"{major}.{minor}"
+    else:
+        toolkit_seen = target.toolkit
+    archs_seen = tuple(sorted(found_device_code)) if target.backend == "rocm" else target.archs
+    told = backend.variant_label(toolkit_seen, archs_seen) if archs_seen or target.backend != "rocm" else "?"
+    if told != target.variant:
+        problems.append(f"the binary says variant {told!r} (runtime {linked or 'none'}, device code "
+                        f"{sorted(found_device_code) or 'none'}), the target's label is {target.variant!r}")
+    if manifest.get("variant") != target.variant:
+        problems.append(f"manifest variant {manifest.get('variant')!r}, target label {target.variant!r}")
+    detail = (f"+{target.variant}: DT_NEEDED {', '.join(linked) or 'no GPU runtime'}"
+              + (f" (runtime {runtime.get('version')})" if want else ""))
+    return CheckResult("label", not problems, "; ".join(problems) or detail)
+
+
+def _versioned(out: str) -> set[tuple[str, str]]:
+    """(name, version) pairs from `nm -D` lines (``U hipMalloc@hip_4.2``, ``T hipMalloc@@hip_4.2``)."""
+    pairs = set()
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) < 2:
+            continue
+        name, _, version = parts[-1].partition("@")
+        pairs.add((name, version.lstrip("@")))
+    return pairs
+
+
+def check_runtime_symbols(so: Path, runtime_library: Path | None, target: Target, log: Path,
+                          env: Mapping[str, str]) -> CheckResult:
+    """Symbol-version proof: every GPU-runtime symbol the extension imports is defined, with the
+    same symbol version, by the runtime library it was linked against (whose SONAME is the
+    extension's DT_NEEDED entry). A runtime that lacks a symbol is caught here, not on an MI355X."""
+    backend = backends.get(target.backend)
+    imported = {(n, v) for n, v in _versioned(run(["nm", "-D", "--undefined-only", str(so)], log=log, env=env))
+                if backend.runtime_prefixes and n.startswith(backend.runtime_prefixes)}
+    if backend.runtime_stem is None:
+        if imported:
+            return CheckResult("runtime-symbols", False, f"a cpu extension imports GPU runtime symbols "
+                                                         f"{sorted(imported)[:5]}")
+        return CheckResult("runtime-symbols", True, "no GPU runtime (cpu)")
+    if runtime_library is None:
+        return CheckResult("runtime-symbols", False, f"no {backend.runtime_stem}.* in the builder image")
+    linked = gpu_runtimes(needed(so, log, env))
+    library_soname = soname(runtime_library, log, env)
+    problems = []
+    if linked != [library_soname]:
+        problems.append(f"DT_NEEDED {linked} is not the runtime library's SONAME {library_soname!r}")
+    defined = _versioned(run(["nm", "-D", "--defined-only", str(runtime_library)], log=log, env=env))
+    names = {n for n, _ in defined}
+    missing = sorted(f"{n}@{v}" if v else n for n, v in imported
+                     if ((n, v) not in defined if v else n not in names))
+    if missing:
+        problems.append(f"{len(missing)} imported symbols not defined with that version by {library_soname}: "
+                        f"{missing[:6]}")
+    if not imported:
+        problems.append(f"imports no {target.backend} runtime symbol at all: nothing proves the link")
+    versions = sorted({v or "unversioned" for _, v in imported})
+    return CheckResult("runtime-symbols", not problems, "; ".join(problems) or
+                       f"{len(imported)} runtime symbols ({', '.join(versions)}) all defined by {library_soname}")
+
+
+def runtime_library(target: Target, builder_image: str, destination: Path, log: Path,
+                    env: Mapping[str, str]) -> Path | None:
+    """Copies the GPU runtime the target's toolkit links out of the builder image (the library the
+    extension was linked against), for the symbol-version proof to read on this host."""
+    backend = backends.get(target.backend)
+    wanted = backend.runtime_soname(target.toolkit)
+    if wanted is None:
+        return None
+    destination.mkdir(parents=True, exist_ok=True)
+    (destination / wanted).unlink(missing_ok=True)
+    search = " ".join(f"{d}/{wanted}" for d in backend.runtime_dirs)
+    script = f"for f in {search}; do if [ -e \"$f\" ]; then cp -L \"$f\" /out/ && exit 0; fi; done; exit 0"
+    run(["docker", "run", "--rm", "--pull=never", "-v", f"{destination}:/out", builder_image, "sh", "-c", script],
+        log=log, env=env)
+    found = destination / wanted
+    return found if found.exists() else None
 
 
 def stable_surface(torch_sdk: Path) -> set[str]:
@@ -133,9 +297,13 @@ def check_loads(so: Path, target: Target, builder_image: str, python_tag: str, l
                backends.get(target.backend).load_binding],
               log=log, env=env, hint="the extension does not load or its op does not run; see the log")
     result = json.loads(out.strip().splitlines()[-1])
-    return CheckResult("loads", bool(result.get("matches_rule")),
-                       "loads with no Python torch, registers polykernels::fake_int4_quant, CPU kernel correct"
-                       if result.get("matches_rule") else f"probe said {result}")
+    want = backends.get(target.backend).runtime_soname(target.toolkit)
+    loaded = sorted({Path(p).name for p in result.get("gpu_runtimes", [])})
+    runtime_ok = (want is None and not loaded) or (want is not None and any(n.startswith(want) for n in loaded))
+    ok = bool(result.get("matches_rule")) and runtime_ok
+    detail = ("loads with no Python torch" + (f" against {', '.join(loaded)}" if loaded else "")
+              + ", registers polykernels::fake_int4_quant, CPU kernel correct")
+    return CheckResult("loads", ok, detail if ok else f"probe said {result}; expected runtime {want or 'none'}")
 
 
 def torch_sdk_from(wheelhouse: Path, destination: Path) -> Path:
@@ -158,10 +326,15 @@ def run_checks(wheel: Wheel, target: Target, builder_image: str, python_tag: str
     work.mkdir(parents=True, exist_ok=True)
     so = extract(wheel.path, "_C.abi3.so", work / "unpacked")
     sdk = torch_sdk_from(wheelhouse, work / "torch-sdk")
+    found = backends.get(target.backend).device_code(so, builder_image, log, env)
+    runtime = runtime_library(target, builder_image, work / "runtime", log, env)
     return [
         check_manifest(wheel, target),
         check_size(wheel, target),
-        check_coverage(so, target, builder_image, log, env),
+        check_floor(wheel, log, env),
+        check_coverage(found, target),
+        check_label(so, found, wheel.manifest, target, log, env),
         check_symbols(so, target, sdk, log, env),
+        check_runtime_symbols(so, runtime, target, log, env),
         check_loads(so, target, builder_image, python_tag, log, env),
     ]

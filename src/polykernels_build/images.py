@@ -10,7 +10,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from polykernels_build import backends, engine
+from polykernels_build import engine
 from polykernels_build.errors import ConfigError, ImageError
 from polykernels_build.settings import Settings
 from polykernels_build.targets import Bootstrap, Matrix, Target
@@ -18,6 +18,8 @@ from polykernels_build.tools import run
 
 # manylinux images carry every CPython; this is the one the vendor profile builds with.
 VENDOR_PYTHON = "cp311"
+# The vendor profile's bases are manylinux_2_28 builders, torch's own floor.
+VENDOR_MANYLINUX = "2_28"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,7 +30,12 @@ class BuilderImage:
     image_id: str
     base: str
     python: str
-    deviations: tuple[str, ...]
+    manylinux: str  # the floor auditwheel repair enforces: "2_28" -> manylinux_2_28_x86_64
+    floor_reason: str = ""  # why, when the floor is above torch's 2_28
+
+    @property
+    def platform_tag(self) -> str:
+        return f"manylinux_{self.manylinux}_x86_64"
 
     @property
     def build_identifier(self) -> str:
@@ -139,19 +146,20 @@ def builder_image(settings: Settings, matrix: Matrix, target: Target, profile: s
                 hint="pull it on a trusted host, put `docker image inspect --format '{{index .RepoDigests 0}}'`'s "
                      "sha256 into the target's vendor.digest, or pass --allow-unpinned for a local experiment",
             )
-        base, python, deviations = target.vendor.reference, VENDOR_PYTHON, ()
+        base, python, manylinux, floor_reason = target.vendor.reference, VENDOR_PYTHON, VENDOR_MANYLINUX, ""
     else:
         bootstrap = matrix.bootstrap_for(target)
         debian = debian_base_for(settings, bootstrap, log)
         base = f"polykernels-toolchain:{bootstrap.name}"
         engine.build(context / "bootstrap" / f"{bootstrap.name}.Dockerfile", context, base,
                      build_args={"BASE_IMAGE": debian, "PYTHON_TAG": bootstrap.python,
-                                 "CUDA_VERSION": target.toolkit},
+                                 "CUDA_VERSION": target.toolkit, "TOOLKIT": target.toolkit,
+                                 "EXPERIMENTAL_PACKAGES": " ".join(bootstrap.experimental)},
                      log=log, tool_env=settings.tool_env)
-        python, deviations = bootstrap.python, (backends.get(target.backend).offline_deviation,)
+        python, manylinux, floor_reason = bootstrap.python, bootstrap.manylinux, bootstrap.floor_reason
     tag = builder_tag(target, profile)
     image_id = engine.build(context / "builder" / "Dockerfile", context, tag,
                             build_args={"BASE_IMAGE": base, "PYTHON_TAG": python, "BACKEND": target.backend}, log=log,
                             tool_env=settings.tool_env)
     return BuilderImage(target=target.name, profile=profile, tag=tag, image_id=image_id, base=base, python=python,
-                        deviations=deviations)
+                        manylinux=manylinux, floor_reason=floor_reason)

@@ -44,6 +44,13 @@ class Bootstrap:
     suite: str
     packages: tuple[str, ...]
     python: str  # cibuildwheel interpreter tag, e.g. cp311
+    # Installed from Debian experimental on top of the suite (apt version globs pin them), e.g. a
+    # ROCm HIP stack newer than the suite's own. Optional.
+    experimental: tuple[str, ...] = ()
+    # The manylinux floor the recipe's host code reaches (auditwheel repair enforces it), and why
+    # when it is above torch's own 2_28 (recorded in every manifest built on it).
+    manylinux: str = "2_28"
+    floor_reason: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,13 +92,16 @@ class Matrix:
 
 _TARGET_KEYS = {f.name for f in dataclasses.fields(Target)} - {"name", "pypi"}
 _BOOTSTRAP_KEYS = {f.name for f in dataclasses.fields(Bootstrap)} - {"name"}
+_BOOTSTRAP_OPTIONAL = {"experimental", "manylinux", "floor_reason"}
+MANYLINUX = re.compile(r"^2_\d+$")
 
 
-def _require(table: Mapping[str, Any], keys: set[str], where: str, path: Path) -> None:
+def _require(table: Mapping[str, Any], keys: set[str], where: str, path: Path,
+             optional: frozenset[str] | set[str] = frozenset()) -> None:
     unknown = set(table) - keys
     if unknown:
         raise ConfigError(f"{path}: [{where}] has unknown keys {sorted(unknown)}; allowed: {sorted(keys)}")
-    missing = keys - set(table)
+    missing = keys - set(table) - set(optional)
     if missing:
         raise ConfigError(f"{path}: [{where}] is missing {sorted(missing)}")
 
@@ -114,6 +124,10 @@ def _target(name: str, table: Mapping[str, Any], path: Path, bootstraps: Mapping
     _check(bool(VARIANT.match(table["variant"])), path, where,
            f"variant {table['variant']!r} must be lowercase letters/digits separated by dots")
     _check(bool(re.match(r"^\d+\.\d+$", table["torch_floor"])), path, where, "torch_floor must be MAJOR.MINOR")
+    label = backends.BACKENDS[backend].variant_label(str(table["toolkit"]), archs)
+    _check(table["variant"] == label, path, where,
+           f"variant {table['variant']!r} does not say what the wheel links: toolkit {table['toolkit']} and archs "
+           f"{list(archs)} make it {label!r}")
     vendor = table["vendor"]
     _require(vendor, {"image", "digest"}, f"{where}.vendor", path)
     _check(bool(DIGEST.match(vendor["digest"])), path, f"{where}.vendor", "digest must be sha256:<64 hex> or empty")
@@ -151,9 +165,14 @@ def load(path: Path = Path("targets.toml")) -> Matrix:
            path, "build", "torch_sha256 must be a non-empty list of sha256 hex digests")
     bootstraps = {}
     for name, table in data["bootstrap"].items():
-        _require(table, _BOOTSTRAP_KEYS, f"bootstrap.{name}", path)
+        _require(table, _BOOTSTRAP_KEYS, f"bootstrap.{name}", path, _BOOTSTRAP_OPTIONAL)
+        manylinux = str(table.get("manylinux", "2_28"))
+        _check(bool(MANYLINUX.match(manylinux)), path, f"bootstrap.{name}", "manylinux must look like 2_28")
+        _check(manylinux == "2_28" or bool(table.get("floor_reason")), path, f"bootstrap.{name}",
+               f"manylinux {manylinux} is above torch's 2_28: say why in floor_reason")
         bootstraps[name] = Bootstrap(name=name, suite=table["suite"], packages=tuple(table["packages"]),
-                                     python=table["python"])
+                                     python=table["python"], experimental=tuple(table.get("experimental", ())),
+                                     manylinux=manylinux, floor_reason=str(table.get("floor_reason", "")))
     targets = {name: _target(name, table, path, bootstraps) for name, table in data["target"].items()}
     _check(set(release) <= {"pypi"}, path, "release", f"has unknown keys {sorted(set(release) - {'pypi'})}")
     pypi = release.get("pypi")
@@ -186,7 +205,10 @@ def json_schema() -> dict[str, Any]:
         "offline": {"type": "object", "additionalProperties": False, "required": ["recipe"],
                     "properties": {"recipe": {"type": "string"}}},
     }
-    bootstrap_properties = {"suite": {"type": "string"}, "packages": string_list, "python": {"type": "string"}}
+    bootstrap_properties = {"suite": {"type": "string"}, "packages": string_list, "python": {"type": "string"},
+                            "experimental": string_list,
+                            "manylinux": {"type": "string", "pattern": MANYLINUX.pattern},
+                            "floor_reason": {"type": "string"}}
     assert set(target_properties) == _TARGET_KEYS and set(bootstrap_properties) == _BOOTSTRAP_KEYS
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -207,7 +229,7 @@ def json_schema() -> dict[str, Any]:
                 "type": "object", "additionalProperties": False, "required": sorted(_TARGET_KEYS),
                 "properties": target_properties}},
             "bootstrap": {"type": "object", "additionalProperties": {
-                "type": "object", "additionalProperties": False, "required": sorted(_BOOTSTRAP_KEYS),
-                "properties": bootstrap_properties}},
+                "type": "object", "additionalProperties": False,
+                "required": sorted(_BOOTSTRAP_KEYS - _BOOTSTRAP_OPTIONAL), "properties": bootstrap_properties}},
         },
     }

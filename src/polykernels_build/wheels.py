@@ -75,7 +75,10 @@ def build_info(target: Target, image: BuilderImage, git_sha: str | None, dirty: 
         "image": image.tag,
         "image_digest": image.image_id,
         "image_base": image.base,
-        "deviations": list(image.deviations),
+        # The glibc/libstdc++ floor of the host code, enforced by auditwheel repair --plat; a reason
+        # only where it is above torch's manylinux_2_28.
+        "manylinux": image.platform_tag,
+        "floor_reason": image.floor_reason or None,
         "built_at": datetime.fromtimestamp(commit_time, timezone.utc).isoformat(timespec="seconds"),
         "index_url": index_url(root_url, target),
     }
@@ -104,7 +107,10 @@ def cibuildwheel_env(settings: Settings, target: Target, image: BuilderImage, in
         "CIBW_CONTAINER_ENGINE": f"docker; create_args: {create_args}",
         "CIBW_BUILD_FRONTEND": "build; args: --no-isolation --skip-dependency-check",
         "CIBW_ENVIRONMENT": " ".join(f"{k}={v}" for k, v in variables.items()),
-        "CIBW_REPAIR_WHEEL_COMMAND_LINUX": f"auditwheel repair {excludes} -w {{dest_dir}} {{wheel}}",
+        # --plat: the recipe's floor is a promise; auditwheel fails the build if a symbol breaks it.
+        # --only-plat: that one tag (torch's own), not every older one the symbols happen to allow.
+        "CIBW_REPAIR_WHEEL_COMMAND_LINUX": (f"auditwheel repair --plat {image.platform_tag} --only-plat {excludes} "
+                                            f"-w {{dest_dir}} {{wheel}}"),
         "CIBW_BUILD_VERBOSITY": "1",
         # cibuildwheel's abi3 audit fetches virtualenv at run time (no network in air-gapped builds);
         # the extension has no Python symbols at all, which checks.check_symbols enforces instead.

@@ -1,7 +1,9 @@
 """The factory end to end, in real containers (needs a Docker engine: run with --run-docker).
 
 Every target's wheel builds in its offline builder image and passes its checks (device-code
-coverage, stable-ABI symbols, loading with no Python torch); the cpu wheel is then released:
+coverage, the label check, stable-ABI symbols, the symbol-version proof against the GPU runtime
+it links, loading with no Python torch against that runtime) and carries torch's
+manylinux_2_28 tag, which `auditwheel show` confirms; the cpu wheel is then released:
 gated in a clean runtime container, published to a static index, and pip-installed from that
 index (file:// and HTTP) into fresh environments that run the suites.
 """
@@ -17,16 +19,20 @@ from pathlib import Path
 
 import pytest
 
-from polykernels_build import cli, serve
+from polykernels_build import cli, serve, targets
+from polykernels_build.checks import AUDITWHEEL_CONSTRAINT
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = re.search(r'__version__ = "([^"]+)"', (ROOT / "src/polykernels/_version.py").read_text()).group(1)
 EXPECTED_WHEELS = {
-    "cpu": f"polykernels-{VERSION}+cpu-cp310-abi3-manylinux_2_34_x86_64.whl",
-    "cuda13": f"polykernels-{VERSION}+cu130-cp310-abi3-manylinux_2_34_x86_64.whl",
-    "rocm-gfx942": f"polykernels-{VERSION}+rocm7.gfx942-cp310-abi3-manylinux_2_34_x86_64.whl",
-    "rocm-gfx950": f"polykernels-{VERSION}+rocm7.gfx950-cp310-abi3-manylinux_2_34_x86_64.whl",
+    "cpu": f"polykernels-{VERSION}+cpu-cp310-abi3-manylinux_2_28_x86_64.whl",
+    "cuda13": f"polykernels-{VERSION}+cu130-cp310-abi3-manylinux_2_28_x86_64.whl",
+    "rocm-gfx942": f"polykernels-{VERSION}+rocm7.2.gfx942-cp310-abi3-manylinux_2_28_x86_64.whl",
+    "rocm-gfx950": f"polykernels-{VERSION}+rocm7.2.gfx950-cp310-abi3-manylinux_2_28_x86_64.whl",
 }
+# The GPU runtime each target's extension must need (DT_NEEDED), and be loaded against.
+EXPECTED_RUNTIME = {"cpu": None, "cuda13": "libcudart.so.13", "rocm-gfx942": "libamdhip64.so.7",
+                    "rocm-gfx950": "libamdhip64.so.7"}
 
 pytestmark = pytest.mark.docker
 
@@ -45,7 +51,29 @@ def test_every_target_builds_and_passes_its_checks(target: str) -> None:
     assert wheels == [EXPECTED_WHEELS[target]]
     checks = json.loads(next((ROOT / "build/dist" / target).glob("*.checks.json")).read_text())
     assert {c["name"]: c["passed"] for c in checks} == {
-        "manifest": True, "size": True, "coverage": True, "symbols": True, "loads": True}
+        "manifest": True, "size": True, "floor": True, "coverage": True, "label": True, "symbols": True,
+        "runtime-symbols": True, "loads": True}
+    by_name = {c["name"]: c["detail"] for c in checks}
+    runtime = EXPECTED_RUNTIME[target]
+    wheel = next((ROOT / "build/dist" / target).glob("*.whl"))
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as archive:
+        manifest = json.loads(archive.read("polykernels/_build_info.json"))
+        so = Path(archive.extract(next(n for n in archive.namelist() if n.endswith("_C.abi3.so")),
+                                  wheel.parent / "e2e-unpacked"))
+    needed = subprocess.run(["readelf", "-d", "-W", str(so)], capture_output=True, text=True, check=True).stdout
+    if runtime:
+        assert f"Shared library: [{runtime}]" in needed
+        assert manifest["runtime"]["soname"] == runtime
+        assert runtime in by_name["loads"]  # the process that ran the CPU kernel had mapped that runtime
+    else:
+        assert "libamdhip64" not in needed and "libcudart" not in needed and manifest["runtime"] is None
+    assert "deviations" not in manifest and manifest["manylinux"] == "manylinux_2_28_x86_64"
+    shown = subprocess.run([sys.executable, "-m", "auditwheel", "show", str(wheel)], capture_output=True,
+                           text=True, check=False)
+    constraint = AUDITWHEEL_CONSTRAINT.search(" ".join(shown.stdout.split()))
+    assert constraint and (int(constraint.group(1)), int(constraint.group(2))) <= (2, 28), shown.stdout + shown.stderr
 
 
 def layered_venv(path: Path) -> Path:
@@ -114,7 +142,16 @@ def rocm_builder() -> str:
         assert cli.main(["images", "--target", "rocm-gfx942", "--profile", "offline"], env=os.environ) == 0
     finally:
         os.chdir(previous)
-    return "polykernels-builder:rocm-sid-rocm"
+    return "polykernels-builder:rocm-sid-rocm7"
+
+
+def test_the_rocm_builder_is_the_hip_7_2_toolchain(rocm_builder: str) -> None:
+    # The hipcc the wheels and the tests below use: HIP 7.2 on its clang, the ROCm 7 runtime only.
+    result = subprocess.run(["docker", "run", "--rm", "--pull=never", rocm_builder, "sh", "-c",
+                             "hipcc --version; ls /usr/lib/x86_64-linux-gnu/ | grep libamdhip64"],
+                            capture_output=True, text=True, check=True)
+    assert "HIP version: 7.2." in result.stdout, result.stdout
+    assert "libamdhip64.so.7" in result.stdout and "libamdhip64.so.6" not in result.stdout
 
 
 def test_every_gpu_source_compiles_with_hipcc_for_both_gfx_archs(rocm_builder: str) -> None:
@@ -125,7 +162,7 @@ def test_every_gpu_source_compiles_with_hipcc_for_both_gfx_archs(rocm_builder: s
     compiles = " && ".join(
         f"hipcc -x hip -c /csrc/{src} -o /tmp/k{i}.o -std=c++20 -fPIC -I/csrc/include -I/csrc "
         "-I/opt/torch-sdk/torch/include -DUSE_ROCM=1 -DTORCH_TARGET_VERSION=0x020d000000000000 "
-        f"--offload-arch=gfx942 --offload-arch=gfx950 && (cd /tmp && llvm-objdump-21 --offloading k{i}.o)"
+        f"--offload-arch=gfx942 --offload-arch=gfx950 && (cd /tmp && llvm-objdump --offloading k{i}.o)"
         for i, src in enumerate(sources))
     result = subprocess.run(
         ["docker", "run", "--rm", "--pull=never", "-v", f"{ROOT / 'csrc'}:/csrc:ro", rocm_builder, "sh", "-c",
@@ -145,3 +182,51 @@ def test_cuda_warp_mask_would_break_hipcc(rocm_builder: str) -> None:
         input=source, capture_output=True, text=True, check=False)
     assert result.returncode != 0
     # tests/unit/test_payload_structure.py scans every csrc source for the CUDA spelling.
+
+
+# The hardware facts the payload's guards encode, re-proven with the hipcc the ROCm wheels are
+# built with: gfx942 has XF32 (TF32) matrix instructions and gfx950 has none, which is why the
+# GDN kernels fall back to three bf16 passes there (platform.has_tf32_dots); and no AMD target
+# has NVIDIA's `f` register constraint, which is why inline PTX is guarded to CUDA
+# (platform.has_inline_ptx). Each guard must say exactly what the compiler says.
+XF32_DOT = """#include <hip/hip_runtime.h>
+typedef float v2f __attribute__((ext_vector_type(2)));
+typedef float v4f __attribute__((ext_vector_type(4)));
+__global__ void k(const v2f* a, const v2f* b, v4f* c) {
+  c[threadIdx.x] = __builtin_amdgcn_mfma_f32_16x16x8_xf32(a[threadIdx.x], b[threadIdx.x], c[threadIdx.x], 0, 0, 0);
+}
+"""
+INLINE_PTX = """#include <hip/hip_runtime.h>
+__global__ void k(float* x) { float y; asm("cvt.rn.f32.f32 %0, %1;" : "=f"(y) : "f"(x[0])); x[0] = y; }
+"""
+ROCM_ARCHS = sorted({a for t in targets.load(ROOT / "targets.toml").targets.values() if t.backend == "rocm"
+                     for a in t.archs})
+
+
+def hipcc_compiles(builder: str, source: str, arch: str) -> tuple[bool, str]:
+    result = subprocess.run(
+        ["docker", "run", "--rm", "--pull=never", "-i", builder, "sh", "-c",
+         f"cat > /tmp/k.hip && hipcc -c /tmp/k.hip -o /tmp/k.o --offload-arch={arch}"],
+        input=source, capture_output=True, text=True, check=False)
+    return result.returncode == 0, result.stdout[-1500:] + result.stderr[-1500:]
+
+
+@pytest.mark.parametrize("arch", ROCM_ARCHS)
+def test_tf32_guard_matches_hipcc(rocm_builder: str, arch: str) -> None:
+    from polykernels import platform
+
+    compiled, output = hipcc_compiles(rocm_builder, XF32_DOT, arch)
+    with platform.use(platform.for_triton_target(f"hip:{arch}")):
+        assert platform.has_tf32_dots() == compiled, output
+    if not compiled:
+        assert "Cannot select: intrinsic %llvm.amdgcn.mfma.f32.16x16x8.xf32" in output
+
+
+@pytest.mark.parametrize("arch", ROCM_ARCHS)
+def test_inline_ptx_guard_matches_hipcc(rocm_builder: str, arch: str) -> None:
+    from polykernels import platform
+
+    compiled, output = hipcc_compiles(rocm_builder, INLINE_PTX, arch)
+    with platform.use(platform.for_triton_target(f"hip:{arch}")):
+        assert platform.has_inline_ptx() == compiled, output
+    assert "invalid output constraint '=f'" in output

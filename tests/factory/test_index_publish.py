@@ -86,9 +86,9 @@ def test_wrong_hardware_class_is_not_a_pass(settings: Settings) -> None:
 
 
 def test_waiver_is_recorded_in_index_and_notes(settings: Settings) -> None:
-    make_wheel(settings.dist_dir / "rocm-gfx950", target="rocm-gfx950", variant="rocm7.gfx950")
+    make_wheel(settings.dist_dir / "rocm-gfx950", target="rocm-gfx950", variant="rocm7.2.gfx950")
     run_publish(settings, waivers={"rocm-gfx950": "no MI355X runner this week"})
-    live = settings.build_dir / "index" / "rocm7.gfx950"
+    live = settings.build_dir / "index" / "rocm7.2.gfx950"
     release = json.loads((live / "release.json").read_text())
     assert release["releases"][-1]["files"][0]["waived"] is True
     assert "no MI355X runner this week" in (live / "RELEASE_NOTES.md").read_text()

@@ -85,7 +85,7 @@ def test_compiled_floor_follows_targets_toml(setup_module, tmp_path: Path) -> No
         cuda_table, cuda_table.replace('torch_floor = "2.11"', 'torch_floor = "2.12"'), 1))
     target = targets.load(tmp_path / "targets.toml").target("cuda13")
     image = BuilderImage(target="cuda13", profile="offline", tag="t", image_id="sha256:0", base="b",
-                         python="cp311", deviations=())
+                         python="cp311", manylinux="2_28")
     info = wheels.build_info(target, image, None, False, 0, "http://127.0.0.1:8000")
     nvcc = tmp_path / "cuda" / "bin" / "nvcc"
     nvcc.parent.mkdir(parents=True)

@@ -61,7 +61,15 @@ BAD = {
     "no-index-url": ('index_url = "', 'index_urls = "', r"\[build\] has unknown keys \['index_urls'\]"),
     "unknown-bootstrap": ('offline = { recipe = "bookworm" }', 'offline = { recipe = "jessie" }',
                           r"recipe 'jessie' has no \[bootstrap.jessie\]"),
-    "duplicate-variant": ('variant = "cu130"', 'variant = "cpu"', r"variants must be unique"),
+    "duplicate-variant": ('archs = ["gfx950"]\ntoolkit = "7.2"\ntorch_floor = "2.13"\nvariant = "rocm7.2.gfx950"',
+                          'archs = ["gfx942"]\ntoolkit = "7.2"\ntorch_floor = "2.13"\nvariant = "rocm7.2.gfx942"',
+                          r"variants must be unique"),
+    # A label that does not say what is linked: the HIP 7.2 build labelled as bare "rocm7".
+    "label-lies": ('variant = "rocm7.2.gfx942"', 'variant = "rocm7.gfx942"',
+                   r"does not say what the wheel links: toolkit 7.2 and archs \['gfx942'\] make it 'rocm7.2.gfx942'"),
+    "label-lies-cuda": ('variant = "cu130"', 'variant = "cu128"', r"make it 'cu130'"),
+    "floor-without-reason": ('python = "cp314"', 'python = "cp314"\nmanylinux = "2_35"',
+                             r"manylinux 2_35 is above torch's 2_28: say why in floor_reason"),
     "bad-floor": ('torch_floor = "2.13"', 'torch_floor = "latest"', r"torch_floor must be MAJOR.MINOR"),
 }
 

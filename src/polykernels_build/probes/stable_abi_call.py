@@ -23,6 +23,13 @@ GROUP = 32
 TORCH_2_13 = 0x020D000000000000
 
 
+def gpu_runtimes() -> list[str]:
+    """The GPU runtime libraries mapped into this process (the loader's choice, not a guess)."""
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if "/libamdhip64.so" in line or "/libcudart.so" in line}
+    return sorted(paths)
+
+
 def main(so_path: str, binding: str = "now") -> int:
     torch_cpu = ctypes.CDLL("libtorch_cpu.so", mode=os.RTLD_NOW | os.RTLD_GLOBAL)
     mode = (os.RTLD_LAZY if binding == "lazy" else os.RTLD_NOW) | os.RTLD_GLOBAL
@@ -47,7 +54,7 @@ def main(so_path: str, binding: str = "now") -> int:
     stack = (ctypes.c_uint64 * 3)(handle.value, GROUP, 1)  # (x, group_size, symmetric=True)
     error = call("torch_call_dispatcher", b"polykernels::fake_int4_quant", b"", stack, ctypes.c_uint64(TORCH_2_13))
     if error:
-        print(json.dumps({"loaded": True, "called": False}))
+        print(json.dumps({"loaded": True, "called": False, "gpu_runtimes": gpu_runtimes()}))
         return 1
     out_data, scale_data = ctypes.c_void_p(), ctypes.c_void_p()
     call("aoti_torch_get_data_ptr", ctypes.c_void_p(stack[0]), ctypes.byref(out_data))
@@ -58,7 +65,8 @@ def main(so_path: str, binding: str = "now") -> int:
     want_scale = ctypes.c_float(ctypes.c_float(4.0).value * inv7).value
     want = [max(-7.0, min(7.0, round(ctypes.c_float(v / want_scale).value))) * want_scale for v in values]
     ok = scale == want_scale and all(abs(a - b) <= 1e-6 * max(1.0, abs(b)) for a, b in zip(out, want, strict=True))
-    print(json.dumps({"loaded": True, "called": True, "scale": scale, "matches_rule": ok}))
+    print(json.dumps({"loaded": True, "called": True, "scale": scale, "matches_rule": ok,
+                      "gpu_runtimes": gpu_runtimes()}))
     return 0 if ok else 1
 
 
