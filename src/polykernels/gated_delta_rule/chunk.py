@@ -130,7 +130,7 @@ def launch_chunk_gated_delta_rule(
     num_segments: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Runs the Triton kernels. No host synchronization and no host-built tables: capturable in a CUDA graph."""
-    batch, tokens, heads, key_dim = q.shape
+    batch, tokens, _, key_dim = q.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
     varlen = cu_seqlens is not None
     num_seqs = cu_seqlens.shape[0] - 1 if varlen else batch
@@ -143,83 +143,105 @@ def launch_chunk_gated_delta_rule(
             final.copy_(initial_state if initial_state is not None else torch.zeros_like(final))
         return o, final if output_final_state else None
 
-    run = _launchers()
-    block_k, block_v, num_warps, num_stages = launch_config(key_dim, value_dim)
-    value_tiles = -(-value_dim // block_v)
     plan = plan_segments(num_seqs, total, value_heads, _sm_count(device), num_segments, key_dim=key_dim,
                          value_dim=value_dim)
     split = plan.segments > 1
     precision = guards.dot_precision(fp32_inputs=q.dtype == torch.float32)
     log_n = max(1, num_seqs.bit_length())
-    shape = {"H": heads, "HV": value_heads, "K": key_dim}
-
     # Unsplit (the scan path), a segment is a whole sequence: longer than any sequence can be.
     segment_chunks = plan.segment_chunks if split else 2**34
     if varlen:
         # Chunk and segment counts per sequence are computed on the GPU: no host round trip.
         offsets = torch.empty(2, num_seqs + 1, dtype=torch.int64, device=device)
         chunk_offsets, seg_offsets = offsets[0], offsets[1]
-        cu = cu_seqlens
         max_chunks = -(-total // CHUNK) + num_seqs
-        max_segments = -(-max_chunks // plan.segment_chunks) + num_seqs if split else num_seqs
-        segments_per_seq = 1
-        run.plan((1,), (cu, chunk_offsets, seg_offsets, num_seqs, segment_chunks), BT=CHUNK, BLOCK=1024,
-                 num_warps=4, num_stages=1)
+        _launchers().plan((1,), (cu_seqlens, chunk_offsets, seg_offsets, num_seqs, segment_chunks), BT=CHUNK,
+                          BLOCK=1024, num_warps=4, num_stages=1)
     else:
-        chunk_offsets = seg_offsets = cu = _unused_offsets(device)
+        chunk_offsets = seg_offsets = _unused_offsets(device)
+        max_chunks = num_seqs * -(-tokens // CHUNK)
+    tables = _Tables(cu=cu_seqlens if varlen else chunk_offsets, chunk_offsets=chunk_offsets,
+                     seg_offsets=seg_offsets, max_chunks=max_chunks, num_seqs=num_seqs, varlen=varlen, log_n=log_n)
+    initial = initial_state.float().contiguous() if initial_state is not None else final
+    flags = {"has_initial": initial_state is not None, "output_final_state": output_final_state,
+             "l2norm": use_qk_l2norm_in_kernel, "precision": precision}
+    if split:
+        _launch_fused_path(q, k, v, g, beta, scale, initial, o, final, tables, segment_chunks, **flags)
+    else:
+        _launch_scan_path(q, k, v, g, beta, scale, initial, o, final, tables, **flags)
+    return o, final if output_final_state else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Tables:
+    """Where the sequences and chunks are: packed boundaries and running counts (on the GPU), or none."""
+
+    cu: torch.Tensor
+    chunk_offsets: torch.Tensor
+    seg_offsets: torch.Tensor
+    max_chunks: int  # programs of the per-chunk kernels: an upper bound for packed sequences
+    num_seqs: int
+    varlen: bool
+    log_n: int
+
+
+def _launch_fused_path(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, scale: float,
+    initial: torch.Tensor, o: torch.Tensor, final: torch.Tensor, tables: _Tables, segment_chunks: int, *,
+    has_initial: bool, output_final_state: bool, l2norm: bool, precision: str,
+) -> None:
+    """Few sequences x heads: each sequence in segments; states stay on chip in the fused pass."""
+    run = _launchers()
+    batch, tokens, heads, key_dim = q.shape
+    value_heads, value_dim = v.shape[2], v.shape[3]
+    total, device = batch * tokens, q.device
+    block_k, block_v, num_warps, num_stages = launch_config(key_dim, value_dim)
+    value_tiles = -(-value_dim // block_v)
+    num_seqs = tables.num_seqs
+    if tables.varlen:
+        segments_per_seq = 1
+        max_segments = -(-tables.max_chunks // segment_chunks) + num_seqs
+    else:
         chunks_per_seq = -(-tokens // CHUNK)
-        max_chunks = num_seqs * chunks_per_seq
-        segments_per_seq = -(-chunks_per_seq // plan.segment_chunks) if split else 1
+        segments_per_seq = -(-chunks_per_seq // segment_chunks)
         max_segments = num_seqs * segments_per_seq
     segment_tokens = segment_chunks * CHUNK
-
-    initial = initial_state.float().contiguous() if initial_state is not None else final
-    if not split:
-        _launch_scan_path(q, k, v, g, beta, scale, initial, o, final, cu, chunk_offsets, max_chunks, num_seqs,
-                          has_initial=initial_state is not None, output_final_state=output_final_state,
-                          varlen=varlen, l2norm=use_qk_l2norm_in_kernel, log_n=log_n, precision=precision)
-        return o, final if output_final_state else None
+    where = {"L2NORM": l2norm, "VARLEN": tables.varlen, "LOG_N": tables.log_n, "DOT_PRECISION": precision}
+    shape = {"H": heads, "HV": value_heads, "K": key_dim}
 
     ai = torch.empty(total, value_heads, CHUNK, dtype=q.dtype, device=device)
     run.prepare(
-        (max_chunks, value_heads),
-        (k, g, beta, ai, cu, chunk_offsets, tokens, num_seqs, -(-tokens // CHUNK)),
-        **shape, BT=CHUNK, BK=block_k, L2NORM=use_qk_l2norm_in_kernel, VARLEN=varlen, LOG_N=log_n,
-        DOT_PRECISION=precision, num_warps=4, num_stages=1,
+        (tables.max_chunks, value_heads),
+        (k, g, beta, ai, tables.cu, tables.chunk_offsets, tokens, num_seqs, -(-tokens // CHUNK)),
+        **shape, BT=CHUNK, BK=block_k, **where, num_warps=4, num_stages=1,
     )
     segment_shape = {**shape, "V": value_dim, "BT": CHUNK, "BK": block_k, "BV": block_v}
     h_local = torch.empty(max_segments, value_heads, key_dim, value_dim, dtype=torch.float32, device=device)
     transitions = torch.empty(max_segments, value_heads, key_dim, key_dim, dtype=torch.float32, device=device)
     h_init = torch.empty_like(h_local)
+    segments = (tables.cu, tables.seg_offsets, tokens, num_seqs, segments_per_seq, segment_tokens)
     run.segment_state(
         (value_tiles + -(-key_dim // block_v), max_segments, value_heads),
-        (k, v, g, beta, ai, h_local, transitions, cu, seg_offsets, tokens, num_seqs, segments_per_seq,
-         segment_tokens),
-        **segment_shape, NV=value_tiles, L2NORM=use_qk_l2norm_in_kernel, VARLEN=varlen, LOG_N=log_n,
-        DOT_PRECISION=precision, num_warps=num_warps, num_stages=num_stages,
+        (k, v, g, beta, ai, h_local, transitions, *segments),
+        **segment_shape, NV=value_tiles, **where, num_warps=num_warps, num_stages=num_stages,
     )
     run.combine(
         (value_tiles, num_seqs, value_heads),
-        (initial, h_local, transitions, h_init, cu, seg_offsets, num_seqs, segments_per_seq),
-        HV=value_heads, K=key_dim, V=value_dim, BK=block_k, BV=block_v, KB=32,
-        HAS_INITIAL=initial_state is not None, VARLEN=varlen, DOT_PRECISION=precision, num_warps=4, num_stages=1,
+        (initial, h_local, transitions, h_init, tables.cu, tables.seg_offsets, num_seqs, segments_per_seq),
+        HV=value_heads, K=key_dim, V=value_dim, BK=block_k, BV=block_v, KB=32, HAS_INITIAL=has_initial,
+        VARLEN=tables.varlen, DOT_PRECISION=precision, num_warps=4, num_stages=1,
     )
     run.fused(
         (value_tiles, max_segments, value_heads),
-        (q, k, v, g, beta, ai, h_init, final, o, cu, seg_offsets, tokens, num_seqs, segments_per_seq,
-         segment_tokens, scale),
-        **segment_shape, L2NORM=use_qk_l2norm_in_kernel, VARLEN=varlen, LOG_N=log_n,
-        STORE_FINAL=output_final_state, DOT_PRECISION=precision,
-        num_warps=num_warps, num_stages=num_stages,
+        (q, k, v, g, beta, ai, h_init, final, o, *segments, scale),
+        **segment_shape, **where, STORE_FINAL=output_final_state, num_warps=num_warps, num_stages=num_stages,
     )
-    return o, final if output_final_state else None
 
 
 def _launch_scan_path(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, scale: float,
-    initial: torch.Tensor, o: torch.Tensor, final: torch.Tensor, cu: torch.Tensor, chunk_offsets: torch.Tensor,
-    max_chunks: int, num_seqs: int, *, has_initial: bool, output_final_state: bool, varlen: bool, l2norm: bool,
-    log_n: int, precision: str,
+    initial: torch.Tensor, o: torch.Tensor, final: torch.Tensor, tables: _Tables, *,
+    has_initial: bool, output_final_state: bool, l2norm: bool, precision: str,
 ) -> None:
     """Many sequences x heads: chunk states through HBM, two products per chunk on the sequential path."""
     run = _launchers()
@@ -228,6 +250,8 @@ def _launch_scan_path(
     total, device, dtype = batch * tokens, q.device, q.dtype
     block_k, block_v = _block(key_dim), _block(value_dim)
     chunks_per_seq = -(-tokens // CHUNK)
+    cu, chunk_offsets, max_chunks, num_seqs = tables.cu, tables.chunk_offsets, tables.max_chunks, tables.num_seqs
+    varlen, log_n = tables.varlen, tables.log_n
     gate_cumsum = torch.empty(total, value_heads, dtype=torch.float32, device=device)
     w = torch.empty(total, value_heads, key_dim, dtype=dtype, device=device)
     u = torch.empty(total, value_heads, value_dim, dtype=dtype, device=device)
