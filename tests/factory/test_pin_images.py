@@ -73,8 +73,8 @@ def test_an_unreachable_registry_leaves_the_target_unpinned(tmp_path) -> None:
 
 def test_only_the_named_slot_of_the_named_target_changes() -> None:
     text = (ROOT / "targets.toml").read_text()
-    pin = pin_images.Pin(target="rocm-gfx950", slot="vendor", image="pytorch/manylinux2_28-builder:rocm7.0",
-                         old="", new=DIGEST, note="resolved")
+    image = targets.load(ROOT / "targets.toml").target("rocm-gfx950").vendor.image
+    pin = pin_images.Pin(target="rocm-gfx950", slot="vendor", image=image, old="", new=DIGEST, note="resolved")
     pairs = zip(text.splitlines(), pin_images.rewrite(text, [pin]).splitlines(), strict=True)
     changed = [(a, b) for a, b in pairs if a != b]
     assert len(changed) == 1 and DIGEST in changed[0][1]

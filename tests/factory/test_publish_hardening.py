@@ -269,7 +269,7 @@ def test_a_gate_that_ran_cannot_be_waived(settings: Settings, report: str) -> No
 
 
 def test_a_waiver_needs_a_real_reason(settings: Settings) -> None:
-    make_wheel(settings.dist_dir / "rocm-gfx950", target="rocm-gfx950", variant="rocm7.gfx950")
+    make_wheel(settings.dist_dir / "rocm-gfx950", target="rocm-gfx950", variant=MATRIX.target("rocm-gfx950").variant)
     with pytest.raises(ConfigError, match="must say why in words"):
         run_publish(settings, waivers={"rocm-gfx950": "x"})
 
@@ -290,7 +290,7 @@ def test_twine_gets_its_credentials_and_the_upload_records_waivers(tmp_path: Pat
     env = {**path_env, "TWINE_USERNAME": "__token__", "TWINE_PASSWORD": "pypi-secret", "AWS_SECRET_ACCESS_KEY": "no"}
     settings = Settings.from_env(env, tmp_path / "repo")
     gated(settings)
-    make_wheel(settings.dist_dir / "rocm-gfx950", target="rocm-gfx950", variant="rocm7.gfx950")
+    make_wheel(settings.dist_dir / "rocm-gfx950", target="rocm-gfx950", variant=MATRIX.target("rocm-gfx950").variant)
     run_publish(settings, repository_url="https://packages.example.org/legacy/",
                 waivers={"rocm-gfx950": "no MI355X runner this week"})
     seen = json.loads(out.read_text())
