@@ -24,11 +24,12 @@ from polykernels_build.checks import AUDITWHEEL_CONSTRAINT
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = re.search(r'__version__ = "([^"]+)"', (ROOT / "src/polykernels/_version.py").read_text()).group(1)
+_LABELS = {"cpu": "+cpu", "cuda13": "+cu130", "rocm-gfx942": "+rocm7.2.gfx942", "rocm-gfx950": "+rocm7.2.gfx950"}
+# The target PyPI serves ([release] pypi in targets.toml) is built without a local version label.
+_PYPI = {name for name, t in targets.load(ROOT / "targets.toml").targets.items() if t.pypi}
 EXPECTED_WHEELS = {
-    "cpu": f"polykernels-{VERSION}+cpu-cp310-abi3-manylinux_2_28_x86_64.whl",
-    "cuda13": f"polykernels-{VERSION}+cu130-cp310-abi3-manylinux_2_28_x86_64.whl",
-    "rocm-gfx942": f"polykernels-{VERSION}+rocm7.2.gfx942-cp310-abi3-manylinux_2_28_x86_64.whl",
-    "rocm-gfx950": f"polykernels-{VERSION}+rocm7.2.gfx950-cp310-abi3-manylinux_2_28_x86_64.whl",
+    name: f"polykernels-{VERSION}{'' if name in _PYPI else label}-cp310-abi3-manylinux_2_28_x86_64.whl"
+    for name, label in _LABELS.items()
 }
 # The GPU runtime each target's extension must need (DT_NEEDED), and be loaded against.
 EXPECTED_RUNTIME = {"cpu": None, "cuda13": "libcudart.so.13", "rocm-gfx942": "libamdhip64.so.7",
