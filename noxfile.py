@@ -167,6 +167,13 @@ def pin_images(session: nox.Session) -> None:
     _factory(session, "pin-images")
 
 
+@nox.session(default=False)
+def lock(session: nox.Session) -> None:
+    """Regenerate docker/builder/build-tools.lock and docker/runtime/suites.lock (sha256 of every file)."""
+    session.install("uv")
+    _factory(session, "lock")
+
+
 @nox.session(name="runner_setup", venv_backend="none", default=False)
 def runner_setup(session: nox.Session) -> None:
     """What a fresh Ubuntu runner lacks for the offline profile: mmdebstrap, and the user namespaces its

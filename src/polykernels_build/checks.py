@@ -52,6 +52,8 @@ def check_manifest(wheel: Wheel, target: Target) -> CheckResult:
                 "archs": list(target.archs), "torch_floor": target.torch_floor}
     wrong = {k: info.get(k) for k, v in expected.items() if info.get(k) != v}
     problems = [f"manifest {k}={v!r}, target says {expected[k]!r}" for k, v in wrong.items()]
+    if info.get("profile") == "offline" and not info.get("debian_packages"):
+        problems.append("manifest records no Debian package versions (an offline build records its builder's)")
     if not info.get("index_url"):
         problems.append("manifest has no index_url (a refusal at import could not say where to install from)")
     label = "" if target.pypi else f"+{target.variant}"

@@ -277,6 +277,17 @@ def do_pin_images(ctx: Context) -> int:
     return 0
 
 
+def do_lock(ctx: Context) -> int:
+    from polykernels_build import images, locks
+
+    log = ctx.settings.build_dir / "logs" / "lock.log"
+    with ctx.reporter.step("all", "locks") as row:
+        house = images.wheelhouse(ctx.settings, ctx.matrix, log)
+        written = locks.compile_locks(ctx.settings, ctx.matrix, house, log)
+        row.detail = ", ".join(str(p.relative_to(ctx.settings.root)) for p in written)
+    return 0
+
+
 def do_schema(ctx: Context) -> int:
     path = ctx.settings.root / "targets.schema.json"
     path.write_text(json.dumps(targets.json_schema(), indent=2) + "\n")
@@ -315,6 +326,7 @@ VERBS: dict[str, Verb] = {
                            ("target",)),
     "sbom": Verb("a CycloneDX SBOM of a target's wheel and its build tools", do_sbom, ("target",)),
     "pin-images": Verb("resolve vendor image tags to digests and rewrite targets.toml", do_pin_images, ("check",)),
+    "lock": Verb("regenerate the hash locks of the build tools and the suites' dependencies", do_lock),
     "schema": Verb("write targets.schema.json for editors", do_schema),
     "matrix": Verb("print the targets as JSON (for CI job matrices)", do_matrix),
 }

@@ -17,7 +17,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from polykernels_build import backends, engine, images
+from polykernels_build import backends, engine, images, locks
 from polykernels_build.dist import GateReport, Wheel, built, judge
 from polykernels_build.errors import ConfigError, GateError
 from polykernels_build.settings import Settings
@@ -52,9 +52,10 @@ def _runtime_image(settings: Settings, matrix: Matrix, target: Target, profile: 
                         "installed offline)", hint="gate on a GPU host with --runtime venv, then --import-report")
     base = images.debian_base_for(settings, matrix.bootstrap_for(target), log)
     context = images.build_context(settings, matrix, log)
-    packages = " ".join([matrix.build_torch, *suites_requirements(settings)])
+    # Hash-locked: the suites' lock plus the build torch with targets.toml's sha256s.
+    (context / locks.RUNTIME_REQUIREMENTS).write_text(locks.runtime_requirements(settings, matrix))
     return engine.build(context / "runtime" / "Dockerfile", context, f"polykernels-runtime:{target.name}-offline",
-                        build_args={"BASE_IMAGE": base, "PACKAGES": packages}, log=log, tool_env=settings.tool_env)
+                        build_args={"BASE_IMAGE": base}, log=log, tool_env=settings.tool_env)
 
 
 def _run_in_container(settings: Settings, image: str, wheel: Path, out: Path, log: Path) -> None:

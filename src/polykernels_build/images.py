@@ -32,6 +32,9 @@ class BuilderImage:
     python: str
     manylinux: str  # the floor auditwheel repair enforces: "2_28" -> manylinux_2_28_x86_64
     floor_reason: str = ""  # why, when the floor is above torch's 2_28
+    # The exact versions of the bootstrap's Debian packages installed in the image (offline
+    # profile; the vendor profile's image is pinned by digest instead): recorded in the manifest.
+    debian_packages: tuple[tuple[str, str], ...] = ()
 
     @property
     def platform_tag(self) -> str:
@@ -97,6 +100,38 @@ def _context(settings: Settings, house: Path) -> Path:
     return context
 
 
+def package_names(bootstrap: Bootstrap) -> tuple[str, ...]:
+    """The Debian packages a bootstrap lists (suite and experimental), without apt version globs."""
+    names = (p.split("=", 1)[0].strip() for p in (*bootstrap.packages, *bootstrap.experimental))
+    return tuple(sorted(set(n for n in names if n)))
+
+
+DPKG_FORMAT = "${Package}\t${Version}\t${db:Status-Abbrev}\n"
+
+
+def parse_dpkg_versions(output: str, names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """``dpkg-query -W -f DPKG_FORMAT``'s output as (package, version) pairs, one per name; a
+    listed package that is not installed is an error (the recipe and the image disagree)."""
+    found: dict[str, str] = {}
+    for line in output.splitlines():
+        fields = line.split("\t")
+        if len(fields) == 3 and fields[2].strip() == "ii" and fields[1]:
+            found.setdefault(fields[0].split(":", 1)[0], fields[1])
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise ImageError(f"the image has no installed Debian package {', '.join(missing)}",
+                         hint="the bootstrap's package list and its recipe disagree; rebuild the image")
+    return tuple((n, found[n]) for n in names)
+
+
+def debian_package_versions(settings: Settings, image: str, names: tuple[str, ...], log: Path) -> tuple[
+        tuple[str, str], ...]:
+    """The installed version of each named package, read with dpkg-query inside ``image``."""
+    output = run(["docker", "run", "--rm", "--pull=never", "--network=none", "--entrypoint", "dpkg-query", image,
+                  "-W", "-f", DPKG_FORMAT, *names], log=log, env=settings.tool_env, check=False, stderr_to_log=True)
+    return parse_dpkg_versions(output, names)
+
+
 def debian_base(settings: Settings, suite: str, packages: tuple[str, ...], tag: str, log: Path) -> str:
     """A Debian root filesystem from the distribution archive, imported as an image."""
     existing = engine.image_id(tag, settings.tool_env)
@@ -147,6 +182,7 @@ def builder_image(settings: Settings, matrix: Matrix, target: Target, profile: s
                      "sha256 into the target's vendor.digest, or pass --allow-unpinned for a local experiment",
             )
         base, python, manylinux, floor_reason = target.vendor.reference, VENDOR_PYTHON, VENDOR_MANYLINUX, ""
+        names: tuple[str, ...] = ()
     else:
         bootstrap = matrix.bootstrap_for(target)
         debian = debian_base_for(settings, bootstrap, log)
@@ -157,9 +193,11 @@ def builder_image(settings: Settings, matrix: Matrix, target: Target, profile: s
                                  "EXPERIMENTAL_PACKAGES": " ".join(bootstrap.experimental)},
                      log=log, tool_env=settings.tool_env)
         python, manylinux, floor_reason = bootstrap.python, bootstrap.manylinux, bootstrap.floor_reason
+        names = package_names(bootstrap)
     tag = builder_tag(target, profile)
     image_id = engine.build(context / "builder" / "Dockerfile", context, tag,
                             build_args={"BASE_IMAGE": base, "PYTHON_TAG": python, "BACKEND": target.backend}, log=log,
                             tool_env=settings.tool_env)
+    packages = debian_package_versions(settings, image_id, names, log) if names else ()
     return BuilderImage(target=target.name, profile=profile, tag=tag, image_id=image_id, base=base, python=python,
-                        manylinux=manylinux, floor_reason=floor_reason)
+                        manylinux=manylinux, floor_reason=floor_reason, debian_packages=packages)

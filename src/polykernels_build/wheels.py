@@ -79,6 +79,8 @@ def build_info(target: Target, image: BuilderImage, git_sha: str | None, dirty: 
         # only where it is above torch's manylinux_2_28.
         "manylinux": image.platform_tag,
         "floor_reason": image.floor_reason or None,
+        # Exact versions of the bootstrap's Debian packages in the builder (offline profile only).
+        "debian_packages": dict(image.debian_packages) or None,
         "built_at": datetime.fromtimestamp(commit_time, timezone.utc).isoformat(timespec="seconds"),
         "index_url": index_url(root_url, target),
     }

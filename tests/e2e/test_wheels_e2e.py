@@ -71,6 +71,9 @@ def test_every_target_builds_and_passes_its_checks(target: str) -> None:
     else:
         assert "libamdhip64" not in needed and "libcudart" not in needed and manifest["runtime"] is None
     assert "deviations" not in manifest and manifest["manylinux"] == "manylinux_2_28_x86_64"
+    # The builder's Debian packages, each with the exact version dpkg installed.
+    packages = manifest["debian_packages"]
+    assert {"g++", "python3", "ccache"} <= set(packages) and all(v and v[0].isdigit() for v in packages.values())
     shown = subprocess.run([sys.executable, "-m", "auditwheel", "show", str(wheel)], capture_output=True,
                            text=True, check=False)
     constraint = AUDITWHEEL_CONSTRAINT.search(" ".join(shown.stdout.split()))
