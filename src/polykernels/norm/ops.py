@@ -239,14 +239,7 @@ def layernorm_modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor
     Statistics are fp32; the result is ``[B, L, D]`` in x's dtype, rounded once.
     """
     x = _check_x(x)
-    eps = _check_eps(eps)
-    _check_modulation(shift, "shift", x)
-    _check_modulation(scale, "scale", x)
-    if _eager_gpu(x):
-        path = _gpu_path(x, exact_epilogue=True)
-        if path != "torch":
-            return _launch_norm(x, None, shift, scale, eps, exact=path == "ptx")[0]
-    return _layernorm_modulate_op(x, shift, scale, eps)
+    return _norm_modulate(x, None, shift, scale, _check_eps(eps))
 
 
 def rmsnorm_scale_shift(
@@ -255,13 +248,21 @@ def rmsnorm_scale_shift(
     """``(x * rsqrt(mean(x^2) + eps) * weight) * (1 + scale) + shift``, fused; shapes as layernorm_modulate."""
     x = _check_x(x)
     eps = _check_eps(eps)
-    weight = _check_weight(weight, "weight", x.shape[-1], x)
+    return _norm_modulate(x, _check_weight(weight, "weight", x.shape[-1], x), shift, scale, eps)
+
+
+def _norm_modulate(
+    x: torch.Tensor, weight: torch.Tensor | None, shift: torch.Tensor, scale: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """The two modulated norms after their own checks: LayerNorm when ``weight`` is None, else RMSNorm."""
     _check_modulation(shift, "shift", x)
     _check_modulation(scale, "scale", x)
     if _eager_gpu(x):
         path = _gpu_path(x, exact_epilogue=True)
         if path != "torch":
             return _launch_norm(x, weight, shift, scale, eps, exact=path == "ptx")[0]
+    if weight is None:
+        return _layernorm_modulate_op(x, shift, scale, eps)
     return _rmsnorm_scale_shift_op(x, weight, shift, scale, eps)
 
 
