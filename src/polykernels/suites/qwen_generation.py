@@ -1,9 +1,11 @@
 """Qwen generation: tiny random-weight Qwen3-Next and Qwen3.5 models generate and score text the
 same way with polykernels' gated delta rule as with each model's own pure-torch op.
 
-fp32: the greedy tokens must be identical and perplexity within 1%. bf16: perplexity within 1%
-and the first divergence (if any) late: after half of the generated tokens. Nothing is downloaded:
-the configs are built here.
+fp32: the greedy tokens must be identical and perplexity within 1%. bf16: perplexity within 1%,
+and the greedy tokens identical up to half of the generated tokens or up to a near-tie: a step
+where both runs saw the same prefix, their logits agree within TIE_TOLERANCE of the logits' range,
+and the two best tokens are closer than that (bf16 rounding can flip such a choice; a wrong
+kernel moves the logits far more). Nothing is downloaded: the configs are built here.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from polykernels.suites.report import CaseResult, SuiteResult
 NAME = "qwen_generation"
 NEW_TOKENS = 32
 TEXT_LENGTH = 200  # the perplexity text: three full chunks of 64 and a partial one
+TIE_TOLERANCE = 0.03  # bf16: largest logit difference, as a fraction of max |logit|, at a forgiven flip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,19 +117,40 @@ def _prompts(vocab: int, lengths: tuple[int, ...], device: torch.device) -> list
     return [torch.randint(3, vocab, (1, n), generator=gen).to(device) for n in lengths]
 
 
+@dataclass(frozen=True)
+class Generation:
+    tokens: list[int]
+    logits: list[torch.Tensor]  # per generated token, fp32 on the CPU
+
+
 @torch.no_grad()
-def _generate_and_score(model: Any, prompts: list[torch.Tensor], text: torch.Tensor) -> tuple[list[list[int]], float]:
+def _generate_and_score(model: Any, prompts: list[torch.Tensor], text: torch.Tensor) -> tuple[list[Generation], float]:
     generated = []
     for prompt in prompts:
         out = model.generate(prompt, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
-                             eos_token_id=None, pad_token_id=0)
-        generated.append(out[0, prompt.shape[1]:].tolist())
+                             eos_token_id=None, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+        generated.append(Generation(tokens=out.sequences[0, prompt.shape[1]:].tolist(),
+                                    logits=[step[0].float().cpu() for step in out.logits]))
     loss = model(text, labels=text).loss
     return generated, math.exp(float(loss))
 
 
 def _first_divergence(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
+
+
+def logit_deviation(ours: torch.Tensor, reference: torch.Tensor) -> float:
+    """max |ours - reference| over the vocabulary, as a fraction of max |reference|."""
+    return float((ours - reference).abs().max() / reference.abs().max().clamp_min(1e-30))
+
+
+def near_tie(ours: Generation, reference: Generation, step: int) -> tuple[bool, float]:
+    """Whether the runs' different choices at ``step`` (same prefix before it) were a near-tie."""
+    deviation = logit_deviation(ours.logits[step], reference.logits[step])
+    ref_logits = reference.logits[step]
+    margin = float(ref_logits[reference.tokens[step]] - ref_logits[ours.tokens[step]]) / float(
+        ref_logits.abs().max().clamp_min(1e-30))
+    return deviation <= TIE_TOLERANCE and margin <= TIE_TOLERANCE, deviation
 
 
 def run_precision(family: Family, device: torch.device, dtype: torch.dtype) -> list[CaseResult]:
@@ -156,17 +180,21 @@ def run_precision(family: Family, device: torch.device, dtype: torch.dtype) -> l
                             detail=f"polykernels {our_ppl:.4f} vs reference {ref_ppl:.4f} ({100 * relative:.3f}%)",
                             metrics={"ours": our_ppl, "reference": ref_ppl}))
     for length, ours, ref in zip(lengths, our_tokens, ref_tokens, strict=True):
-        diverged = _first_divergence(ours, ref)
+        diverged = _first_divergence(ours.tokens, ref.tokens)
+        detail = f"first divergence {diverged if diverged is not None else 'none'} of {NEW_TOKENS}"
         if dtype == torch.float32:
             passed = diverged is None
             rule = "identical tokens"
         else:
             passed = diverged is None or diverged >= NEW_TOKENS // 2
-            rule = f"first divergence at or after token {NEW_TOKENS // 2}"
+            rule = f"identical tokens before token {NEW_TOKENS // 2} or a near-tie"
+            if not passed:
+                passed, deviation = near_tie(ours, ref, diverged)
+                detail += f", where the logits differ by {100 * deviation:.2f}% of their range"
         cases.append(CaseResult(
-            name=f"{label}-generate-prompt{length}", passed=passed,
-            detail=f"{rule}: first divergence {diverged if diverged is not None else 'none'} of {NEW_TOKENS}",
-            metrics={"ours": ours, "reference": ref, "seconds_ours": our_seconds, "seconds_reference": ref_seconds},
+            name=f"{label}-generate-prompt{length}", passed=passed, detail=f"{rule}: {detail}",
+            metrics={"ours": ours.tokens, "reference": ref.tokens, "seconds_ours": our_seconds,
+                     "seconds_reference": ref_seconds},
         ))
     return cases
 

@@ -154,3 +154,23 @@ def test_flux_rejects_other_models() -> None:
 
     with pytest.raises(ValueError, match=r"unsupported model Linear; supported: \('FluxTransformer2DModel',\)"):
         apply_to_flux(torch.nn.Linear(2, 2))
+
+
+def _generation(tokens: list[int], logits: list[list[float]]):  # noqa: ANN202
+    from polykernels.suites.qwen_generation import Generation
+
+    return Generation(tokens=tokens, logits=[torch.tensor(row) for row in logits])
+
+
+def test_bf16_divergence_is_forgiven_only_at_a_near_tie() -> None:
+    from polykernels.suites.qwen_generation import near_tie
+
+    reference = _generation([0, 1], [[5.0, 1.0, -3.0], [1.99, 2.0, -9.0]])
+    flipped = _generation([0, 0], [[5.0, 1.0, -3.0], [2.0, 1.99, -9.0]])  # 0.1% of the range apart
+    assert near_tie(flipped, reference, 1) == (True, pytest.approx(0.01 / 9.0))
+    wrong = _generation([0, 0], [[5.0, 1.0, -3.0], [6.0, 1.0, -9.0]])  # the logits moved by 44% of the range
+    assert near_tie(wrong, reference, 1)[0] is False
+    # Logits within the tolerance, but the reference preferred its token by more than it: not a tie.
+    sharp = _generation([0, 1], [[5.0, 1.0, -3.0], [1.0, 100.0, 96.0]])
+    far = _generation([0, 2], [[5.0, 1.0, -3.0], [1.0, 97.5, 98.5]])
+    assert near_tie(far, sharp, 1) == (False, pytest.approx(0.025))
