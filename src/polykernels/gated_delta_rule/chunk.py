@@ -15,11 +15,10 @@ CHUNK = 64
 MAX_HEAD_DIM = 256
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
-# Context parallelism (plan_segments): about PROGRAMS_PER_SM fused programs per SM, at least
-# MIN_SEGMENT_CHUNKS chunks per segment (a segment costs a state and a K x K transition pass).
-# From the H200 sweep (BENCHMARKS.md, "segments"): the best split gave 200-500 programs at every
-# thin shape.
-PROGRAMS_PER_SM = 2
+# Context parallelism (plan_segments): a sequence is cut when its sequential programs (N x HV x V
+# tiles) fill at most half the SMs, into about SMs / programs segments of at least
+# MIN_SEGMENT_CHUNKS chunks (each segment but the last also costs a pass over K transition columns).
+# From the H200 sweep (BENCHMARKS.md, "segments"): the best split gave about one program per SM.
 MIN_SEGMENT_CHUNKS = 8
 
 
@@ -29,10 +28,11 @@ def _block(dim: int) -> int:
 
 @dataclass(frozen=True, kw_only=True)
 class SegmentPlan:
-    """How each sequence is cut for context parallelism (``segments == 1``: not cut)."""
+    """How each sequence is cut for context parallelism (``segments == 1``: not cut), and the V tile."""
 
     segments: int  # per sequence of average length
     segment_chunks: int  # chunks per segment
+    block_v: int  # V columns per sequential program
     reason: str
 
 
@@ -40,27 +40,28 @@ def plan_segments(
     num_seqs: int, total_tokens: int, value_heads: int, sm_count: int, num_segments: int | None = None,
     *, key_dim: int = 128, value_dim: int = 128,
 ) -> SegmentPlan:
-    """Which path and how many segments per sequence, from (N, HV, T, K, V, SMs).
+    """The V tile and the segments per sequence, from (N, HV, T, K, V, SMs).
 
-    The scan path's sequential programs (N x HV x V / scan BV) fill at least half the SMs: no split.
-    Fewer (one sequence with a few heads): the fused path, cut into segments until about
-    PROGRAMS_PER_SM fused programs (N x HV x V / fused BV) run per SM.
+    Wide V tiles (fewer programs re-reading each chunk's q, k, w) when the programs still fill
+    the GPU twice over; narrow ones otherwise. Then segments while the programs fill at most half
+    the SMs.
     """
     chunks = max(1, -(-total_tokens // num_seqs // CHUNK))
-    block_k, block_v = _block(key_dim), _block(value_dim)
-    scan_programs = num_seqs * value_heads * -(-value_dim // min(block_v, SCAN_BLOCK_V[block_k][1]))
-    fused_programs = num_seqs * value_heads * -(-value_dim // min(block_v, FUSED_LAUNCH[block_k][0]))
+    wide, narrow = RECURRENCE_BLOCK_V[_block(key_dim)]
+    tiles = -(-value_dim // min(wide, _block(value_dim)))
+    block_v = wide if num_seqs * value_heads * tiles >= 2 * sm_count else narrow
+    block_v = min(block_v, _block(value_dim))
+    programs = num_seqs * value_heads * -(-value_dim // block_v)
     if num_segments is not None:
         segments, why = num_segments, f"{num_segments} segments per sequence requested"
-    elif 2 * scan_programs >= sm_count:
-        segments, why = 1, f"{scan_programs} scan programs (N x HV x V tiles) for {sm_count} SMs: scan path"
+    elif 2 * programs > sm_count:
+        segments, why = 1, f"{programs} sequential programs (N x HV x V/{block_v}) for {sm_count} SMs: no split"
     else:
-        wanted = -(-PROGRAMS_PER_SM * sm_count // fused_programs)
-        segments = max(1, min(wanted, chunks // MIN_SEGMENT_CHUNKS))
-        why = (f"{scan_programs} scan programs for {sm_count} SMs: fused path, {segments} segments of "
-               f">= {MIN_SEGMENT_CHUNKS} chunks per sequence")
+        segments = max(1, min(-(-sm_count // programs), chunks // MIN_SEGMENT_CHUNKS))
+        why = (f"{programs} sequential programs (N x HV x V/{block_v}) for {sm_count} SMs: {segments} segments "
+               f"of >= {MIN_SEGMENT_CHUNKS} chunks per sequence")
     segments = max(1, min(segments, chunks))
-    return SegmentPlan(segments=segments, segment_chunks=-(-chunks // segments), reason=why)
+    return SegmentPlan(segments=segments, segment_chunks=-(-chunks // segments), block_v=block_v, reason=why)
 
 
 def _sm_count(device: torch.device) -> int:
@@ -76,17 +77,13 @@ def _cuda_sm_count(device_index: int) -> int:
 @functools.cache
 def _launchers() -> SimpleNamespace:
     from polykernels._launch import Launcher
-    from polykernels.gated_delta_rule import kernels, scan_kernels
+    from polykernels.gated_delta_rule import kernels, recurrence_kernels
 
     return SimpleNamespace(
         plan=Launcher(kernels.gdn_plan_kernel),
-        prepare=Launcher(kernels.gdn_prepare_kernel),
-        segment_state=Launcher(kernels.gdn_segment_state_kernel),
+        prepare=Launcher(recurrence_kernels.gdn_prepare_kernel),
+        recurrence=Launcher(recurrence_kernels.gdn_recurrence_kernel),
         combine=Launcher(kernels.gdn_combine_kernel),
-        fused=Launcher(kernels.gdn_fused_kernel),
-        wu=Launcher(scan_kernels.gdn_wu_kernel),
-        scan=Launcher(scan_kernels.gdn_scan_kernel),
-        output=Launcher(scan_kernels.gdn_output_kernel),
     )
 
 
@@ -96,24 +93,15 @@ def _unused_offsets(device: torch.device) -> torch.Tensor:
     return torch.zeros(1, dtype=torch.int64, device=device)
 
 
-# (BV, num_warps, num_stages) of the fused and segment kernels per padded K: a K x BV fp32 state
-# tile and the chunk's tiles live in registers. Chosen on the H200 (BENCHMARKS.md, "GDN launch").
-FUSED_LAUNCH: dict[int, tuple[int, int, int]] = {16: (64, 4, 1), 32: (64, 4, 1), 64: (64, 4, 1), 128: (64, 4, 1),
-                                                 256: (32, 8, 1)}
-
-
-# V tiles of the scan path's (wu, scan, output) kernels per padded K: narrow scan tiles, since the
-# sequential scan's parallelism is N x HV x V / BV programs; one V tile per output program, so the
-# q.k^T scores are computed once per chunk (measured on the H200 before this table was a table).
-SCAN_BLOCK_V: dict[int, tuple[int, int, int]] = {16: (64, 32, 128), 32: (64, 32, 128), 64: (64, 32, 128),
-                                                 128: (64, 32, 128), 256: (64, 16, 64)}
-
-
-def launch_config(key_dim: int, value_dim: int) -> tuple[int, int, int, int]:
-    """(BK, BV, num_warps, num_stages) of the fused and segment kernels."""
-    block_k = _block(key_dim)
-    block_v, num_warps, num_stages = FUSED_LAUNCH[block_k]
-    return block_k, min(_block(value_dim), block_v), num_warps, num_stages
+# The recurrence kernel per padded K: (wide, narrow) V tiles (plan_segments picks one), and
+# (num_warps, num_stages): a K x BV fp32 state in registers, three stages of the chunk's q, k, w,
+# u and scores in shared memory. The prepare kernel: its V tile and warps. Chosen on the H200
+# (BENCHMARKS.md, "the two-pass design"); the prepare kernel spills about 200 registers with 4
+# warps and ran 1.7x slower with 8: splitting it is the next step.
+RECURRENCE_BLOCK_V: dict[int, tuple[int, int]] = {16: (64, 32), 32: (64, 32), 64: (64, 32), 128: (64, 32),
+                                                  256: (32, 16)}
+RECURRENCE_LAUNCH: dict[int, tuple[int, int]] = {16: (4, 3), 32: (4, 3), 64: (4, 3), 128: (4, 3), 256: (8, 1)}
+PREPARE_LAUNCH: dict[int, tuple[int, int]] = {16: (64, 4), 32: (64, 4), 64: (64, 4), 128: (64, 4), 256: (32, 4)}
 
 
 def launch_chunk_gated_delta_rule(
@@ -148,7 +136,7 @@ def launch_chunk_gated_delta_rule(
     split = plan.segments > 1
     precision = guards.dot_precision(fp32_inputs=q.dtype == torch.float32)
     log_n = max(1, num_seqs.bit_length())
-    # Unsplit (the scan path), a segment is a whole sequence: longer than any sequence can be.
+    # Unsplit, a segment is a whole sequence: longer than any sequence can be.
     segment_chunks = plan.segment_chunks if split else 2**34
     if varlen:
         # Chunk and segment counts per sequence are computed on the GPU: no host round trip.
@@ -165,10 +153,8 @@ def launch_chunk_gated_delta_rule(
     initial = initial_state.float().contiguous() if initial_state is not None else final
     flags = {"has_initial": initial_state is not None, "output_final_state": output_final_state,
              "l2norm": use_qk_l2norm_in_kernel, "precision": precision}
-    if split:
-        _launch_fused_path(q, k, v, g, beta, scale, initial, o, final, tables, segment_chunks, **flags)
-    else:
-        _launch_scan_path(q, k, v, g, beta, scale, initial, o, final, tables, **flags)
+    _launch_passes(q, k, v, g, beta, scale, initial, o, final, tables, segment_chunks if split else 0,
+                   plan.block_v, **flags)
     return o, final if output_final_state else None
 
 
@@ -185,99 +171,72 @@ class _Tables:
     log_n: int
 
 
-def _launch_fused_path(
+def _launch_passes(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, scale: float,
-    initial: torch.Tensor, o: torch.Tensor, final: torch.Tensor, tables: _Tables, segment_chunks: int, *,
-    has_initial: bool, output_final_state: bool, l2norm: bool, precision: str,
+    initial: torch.Tensor, o: torch.Tensor, final: torch.Tensor, tables: _Tables, segment_chunks: int,
+    block_v: int, *, has_initial: bool, output_final_state: bool, l2norm: bool, precision: str,
 ) -> None:
-    """Few sequences x heads: each sequence in segments; states stay on chip in the fused pass."""
-    run = _launchers()
-    batch, tokens, heads, key_dim = q.shape
-    value_heads, value_dim = v.shape[2], v.shape[3]
-    total, device = batch * tokens, q.device
-    block_k, block_v, num_warps, num_stages = launch_config(key_dim, value_dim)
-    value_tiles = -(-value_dim // block_v)
-    num_seqs = tables.num_seqs
-    if tables.varlen:
-        segments_per_seq = 1
-        max_segments = -(-tables.max_chunks // segment_chunks) + num_seqs
-    else:
-        chunks_per_seq = -(-tokens // CHUNK)
-        segments_per_seq = -(-chunks_per_seq // segment_chunks)
-        max_segments = num_seqs * segments_per_seq
-    segment_tokens = segment_chunks * CHUNK
-    where = {"L2NORM": l2norm, "VARLEN": tables.varlen, "LOG_N": tables.log_n, "DOT_PRECISION": precision}
-    shape = {"H": heads, "HV": value_heads, "K": key_dim}
-
-    ai = torch.empty(total, value_heads, CHUNK, dtype=q.dtype, device=device)
-    run.prepare(
-        (tables.max_chunks, value_heads),
-        (k, g, beta, ai, tables.cu, tables.chunk_offsets, tokens, num_seqs, -(-tokens // CHUNK)),
-        **shape, BT=CHUNK, BK=block_k, **where, num_warps=4, num_stages=1,
-    )
-    segment_shape = {**shape, "V": value_dim, "BT": CHUNK, "BK": block_k, "BV": block_v}
-    h_local = torch.empty(max_segments, value_heads, key_dim, value_dim, dtype=torch.float32, device=device)
-    transitions = torch.empty(max_segments, value_heads, key_dim, key_dim, dtype=torch.float32, device=device)
-    h_init = torch.empty_like(h_local)
-    segments = (tables.cu, tables.seg_offsets, tokens, num_seqs, segments_per_seq, segment_tokens)
-    run.segment_state(
-        (value_tiles + -(-key_dim // block_v), max_segments, value_heads),
-        (k, v, g, beta, ai, h_local, transitions, *segments),
-        **segment_shape, NV=value_tiles, **where, num_warps=num_warps, num_stages=num_stages,
-    )
-    run.combine(
-        (value_tiles, num_seqs, value_heads),
-        (initial, h_local, transitions, h_init, tables.cu, tables.seg_offsets, num_seqs, segments_per_seq),
-        HV=value_heads, K=key_dim, V=value_dim, BK=block_k, BV=block_v, KB=32, HAS_INITIAL=has_initial,
-        VARLEN=tables.varlen, DOT_PRECISION=precision, num_warps=4, num_stages=1,
-    )
-    run.fused(
-        (value_tiles, max_segments, value_heads),
-        (q, k, v, g, beta, ai, h_init, final, o, *segments, scale),
-        **segment_shape, **where, STORE_FINAL=output_final_state, num_warps=num_warps, num_stages=num_stages,
-    )
-
-
-def _launch_scan_path(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, scale: float,
-    initial: torch.Tensor, o: torch.Tensor, final: torch.Tensor, tables: _Tables, *,
-    has_initial: bool, output_final_state: bool, l2norm: bool, precision: str,
-) -> None:
-    """Many sequences x heads: chunk states through HBM, two products per chunk on the sequential path."""
+    """The parallel prepare pass, then the sequential pass (context-parallel when segment_chunks > 0)."""
     run = _launchers()
     batch, tokens, heads, key_dim = q.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
     total, device, dtype = batch * tokens, q.device, q.dtype
-    block_k, block_v = _block(key_dim), _block(value_dim)
+    block_k = _block(key_dim)
+    num_warps, num_stages = RECURRENCE_LAUNCH[block_k]
+    prep_bv, prep_warps = PREPARE_LAUNCH[block_k]
+    prep_bv = min(prep_bv, _block(value_dim))
+    num_seqs, varlen = tables.num_seqs, tables.varlen
     chunks_per_seq = -(-tokens // CHUNK)
-    cu, chunk_offsets, max_chunks, num_seqs = tables.cu, tables.chunk_offsets, tables.max_chunks, tables.num_seqs
-    varlen, log_n = tables.varlen, tables.log_n
-    gate_cumsum = torch.empty(total, value_heads, dtype=torch.float32, device=device)
     w = torch.empty(total, value_heads, key_dim, dtype=dtype, device=device)
     u = torch.empty(total, value_heads, value_dim, dtype=dtype, device=device)
-    v_new = torch.empty_like(u)
-    first_bad = torch.empty(max_chunks, value_heads, dtype=torch.int32, device=device)
-    states = torch.empty(max_chunks, value_heads, key_dim, value_dim, dtype=dtype, device=device)
+    scores = torch.empty(total, value_heads, CHUNK, dtype=dtype, device=device)
+    row_scales = torch.empty(3, total, value_heads, dtype=torch.float32, device=device)
+    q_scale, k_scale, decay = row_scales[0], row_scales[1], row_scales[2]
     shape = {"H": heads, "HV": value_heads, "K": key_dim, "V": value_dim, "BT": CHUNK, "BK": block_k}
-    wu_bv, scan_bv, output_bv = SCAN_BLOCK_V[block_k]
-    wu_bv, scan_bv, output_bv = min(block_v, wu_bv), min(block_v, scan_bv), min(block_v, output_bv)
-    common = {"L2NORM": l2norm, "VARLEN": varlen, "DOT_PRECISION": precision}
-    run.wu(
-        (max_chunks, value_heads),
-        (k, v, g, beta, w, u, gate_cumsum, first_bad, cu, chunk_offsets, tokens, num_seqs, chunks_per_seq),
-        **shape, BV=wu_bv, NV=-(-value_dim // wu_bv), LOG_N=log_n, **common, num_warps=4, num_stages=1,
-    )
-    run.scan(
-        (-(-value_dim // scan_bv), num_seqs, value_heads),
-        (k, w, u, gate_cumsum, first_bad, initial, final, states, v_new, cu, chunk_offsets, tokens, num_seqs,
-         chunks_per_seq),
-        **shape, BV=scan_bv, HAS_INITIAL=has_initial, STORE_FINAL=output_final_state, **common, num_warps=4,
+    where = {"VARLEN": varlen, "LOG_N": tables.log_n, "DOT_PRECISION": precision}
+    run.prepare(
+        (tables.max_chunks, value_heads),
+        (q, k, v, g, beta, w, u, scores, q_scale, k_scale, decay, tables.cu, tables.chunk_offsets, tokens, num_seqs,
+         chunks_per_seq, scale),
+        **shape, BV=prep_bv, NV=-(-value_dim // prep_bv), L2NORM=l2norm, **where, num_warps=prep_warps,
         num_stages=1,
     )
-    run.output(
-        (max_chunks, -(-value_dim // output_bv), value_heads),
-        (q, k, gate_cumsum, first_bad, states, v_new, o, cu, chunk_offsets, tokens, num_seqs, chunks_per_seq, scale),
-        **shape, BV=output_bv, LOG_N=log_n, **common, num_warps=4, num_stages=1,
+    value_tiles = -(-value_dim // block_v)
+    if segment_chunks:
+        if varlen:
+            segments_per_seq, max_segments = 1, -(-tables.max_chunks // segment_chunks) + num_seqs
+        else:
+            segments_per_seq = -(-chunks_per_seq // segment_chunks)
+            max_segments = num_seqs * segments_per_seq
+        segment_tokens = segment_chunks * CHUNK
+    else:  # one segment per sequence (the plan kernel counted one per packed sequence)
+        segments_per_seq, max_segments, segment_tokens = 1, num_seqs, 2**40
+    seg_offsets = tables.seg_offsets
+    segments = (tables.cu, seg_offsets, tokens, num_seqs, segments_per_seq, segment_tokens)
+    recurrence = {**shape, "BV": block_v, "NV": value_tiles, **where}
+    h_init, start_known = initial, has_initial
+    if segment_chunks:
+        h_local = torch.empty(max_segments, value_heads, key_dim, value_dim, dtype=torch.float32, device=device)
+        transitions = torch.empty(max_segments, value_heads, key_dim, key_dim, dtype=torch.float32, device=device)
+        run.recurrence(
+            (value_tiles + -(-key_dim // block_v), max_segments, value_heads),
+            (q, k, w, u, scores, q_scale, k_scale, decay, final, final, o, h_local, transitions, *segments),
+            **recurrence, HAS_INITIAL=False, SEGMENT_STATE=True, STORE_FINAL=False,
+            num_warps=num_warps, num_stages=num_stages,
+        )
+        h_init = torch.empty_like(h_local)
+        run.combine(
+            (value_tiles, num_seqs, value_heads),
+            (initial, h_local, transitions, h_init, tables.cu, seg_offsets, num_seqs, segments_per_seq),
+            HV=value_heads, K=key_dim, V=value_dim, BK=block_k, BV=block_v, KB=32, HAS_INITIAL=has_initial,
+            VARLEN=varlen, DOT_PRECISION=precision, num_warps=4, num_stages=1,
+        )
+        start_known = True
+    run.recurrence(
+        (value_tiles, max_segments, value_heads),
+        (q, k, w, u, scores, q_scale, k_scale, decay, h_init, final, o, final, final, *segments),
+        **recurrence, HAS_INITIAL=start_known, SEGMENT_STATE=False, STORE_FINAL=output_final_state,
+        num_warps=num_warps, num_stages=num_stages,
     )
 
 

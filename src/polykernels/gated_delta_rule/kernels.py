@@ -1,27 +1,10 @@
-"""Triton kernels of the chunked gated delta rule forward (chunk size BT = 64): the fused path.
+"""Triton building blocks of the chunked gated delta rule forward (chunk size BT = 64).
 
-Two paths share the chunk arithmetic here; chunk.plan_segments picks one per call. With many
-sequences x heads, the scan path (scan_kernels.py) keeps the sequential part to two products per
-chunk and writes chunk states to HBM for a parallel output kernel. With few (one long sequence and
-a few heads, Qwen3.5 split across GPUs), this fused path cuts each sequence into segments:
-
-1. ``prepare``  one program per (chunk, value head), fully parallel: the in-chunk gated K.K^T (A)
-   and its inverse Ai = (I + A)^-1 (two 32-row halves, then one merge), stored per token row.
-   Nothing else is stored: w = Ai (beta gamma k) and u = Ai (beta v) are never formed, because
-   v_new = u - w h = Ai (beta v - (beta gamma k) h) costs one BT x BT product more per chunk.
-2. ``segment_state`` runs every segment but the last from a zero state and from the identity,
-   giving its local final state and its state-transition operator M (K x K) in one pass over
-   [V | K] columns; ``combine`` walks the segments of each sequence (h <- M h + h_local) to give
-   every segment its true initial state.
-3. ``fused``    one program per (V tile, segment, value head): carries the state of its V tile on
-   chip across the chunks of its segment, emitting each chunk's output in the same pass; per-chunk
-   states never reach HBM.
-
-Non-finite input: a token whose k, v, g or beta holds NaN/Inf is found per chunk; it and the
-tokens after it in its chunk are zeroed before any product (a mask multiplied into a matmul
-would carry 0 x NaN = NaN to earlier tokens), their outputs are set to NaN and the state
-becomes NaN, so exactly the tokens at and after the bad one come out NaN, as the recurrence
-says. A bad q reaches only its own token's output (every product with q is row-wise).
+The chunk arithmetic both passes of ``recurrence_kernels.py`` share: where a chunk or a segment
+lies in packed sequences, the non-finite row checks, and (I + A)^-1 of a chunk from two 32-row
+halves. Also the two small kernels of the launch: ``plan`` (running chunk and segment counts of
+packed sequences, on the GPU, so no host table is built per call) and ``combine`` (the short scan
+of context parallelism: each segment's true initial state from the segments before it).
 
 Every offset that can pass 2^31 elements (token x heads x dim, segment x heads x K x V) is
 formed from int64 operands before any multiply: Triton multiplies int32 by int32 in int32,
@@ -39,12 +22,12 @@ HALF_INVERSE_LEVELS = tl.constexpr(4)
 
 
 @triton.jit
-def _l2norm_rows(x, L2NORM: tl.constexpr):
+def _row_rsqrt_norm(x, L2NORM: tl.constexpr):
+    """1 / ||row|| as the l2norm in the kernel defines it, or 1 without l2norm."""
     if L2NORM:
         xf = x.to(tl.float32)
-        xf = xf * tl.math.rsqrt(tl.sum(xf * xf, axis=1) + 1e-6)[:, None]
-        x = xf.to(x.dtype)
-    return x
+        return tl.math.rsqrt(tl.sum(xf * xf, axis=1) + 1e-6)
+    return tl.full([x.shape[0]], 1.0, tl.float32)
 
 
 @triton.jit
@@ -156,7 +139,8 @@ def _half_chunk_inverse(K_ptr, G_ptr, BETA_ptr, chunk_start, length, i_h, i_hv,
     """The chunk as two halves of BT/2 rows: (I + A)^-1 = [[X11, 0], [X21 = -X22 A21 X11, X22]].
 
     Rows from the first one whose k, g or beta is non-finite on are zeroed first (their outputs
-    become NaN later). Returns the halves' k, beta and gate cumsums, X11, X21, X22 and that row.
+    become NaN later). Returns the halves' l2-normalized k, their 1 / ||k|| (rk), beta and gate
+    cumsums, X11, X21, X22 and that first bad row.
     """
     tl.static_assert(BT == 64, "the half-chunk inverse is written for BT = 64")
     HB: tl.constexpr = BT // 2
@@ -171,8 +155,10 @@ def _half_chunk_inverse(K_ptr, G_ptr, BETA_ptr, chunk_start, length, i_h, i_hv,
     g2 = tl.load(G_ptr + (chunk_start + rows2) * HV + i_hv, mask=rows2 < length, other=0.0).to(tl.float32)
     b1 = tl.load(BETA_ptr + (chunk_start + rows1) * HV + i_hv, mask=rows1 < length, other=0.0).to(tl.float32)
     b2 = tl.load(BETA_ptr + (chunk_start + rows2) * HV + i_hv, mask=rows2 < length, other=0.0).to(tl.float32)
-    k1 = _l2norm_rows(k1, L2NORM)
-    k2 = _l2norm_rows(k2, L2NORM)
+    rk1, rk2 = _row_rsqrt_norm(k1, L2NORM), _row_rsqrt_norm(k2, L2NORM)
+    if L2NORM:
+        k1 = (k1.to(tl.float32) * rk1[:, None]).to(k1.dtype)
+        k2 = (k2.to(tl.float32) * rk2[:, None]).to(k2.dtype)
 
     bad1 = _bad_rows(k1) | _bad(g1) | _bad(b1)
     bad2 = _bad_rows(k2) | _bad(g2) | _bad(b2)
@@ -196,112 +182,7 @@ def _half_chunk_inverse(K_ptr, G_ptr, BETA_ptr, chunk_start, length, i_h, i_hv,
     x11 = _unit_lower_inverse(a11, HB, HALF_INVERSE_LEVELS, DOT_PRECISION)
     x22 = _unit_lower_inverse(a22, HB, HALF_INVERSE_LEVELS, DOT_PRECISION)
     x21 = -tl.dot(tl.dot(x22, a21, input_precision=DOT_PRECISION), x11, input_precision=DOT_PRECISION)
-    return k1, k2, b1, b2, gc1, gc2, x11, x21, x22, first_bad
-
-
-@triton.jit
-def gdn_prepare_kernel(
-    K_ptr, G_ptr, BETA_ptr, AI_ptr, CU, CHUNK_OFFSETS, T, N, CHUNKS_PER_SEQ,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    L2NORM: tl.constexpr, VARLEN: tl.constexpr, LOG_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):
-    i_c = tl.program_id(0).to(tl.int64)
-    i_hv = tl.program_id(1).to(tl.int64)
-    i_h = i_hv // (HV // H)
-    chunk_start, length = _chunk_span(i_c, CU, CHUNK_OFFSETS, T, N, CHUNKS_PER_SEQ, BT, VARLEN, LOG_N)
-    _k1, _k2, _b1, _b2, _gc1, _gc2, x11, x21, x22, _first_bad = _half_chunk_inverse(
-        K_ptr, G_ptr, BETA_ptr, chunk_start, length, i_h, i_hv, H, HV, K, BT, BK, L2NORM, DOT_PRECISION)
-
-    HB: tl.constexpr = BT // 2
-    r = tl.arange(0, HB)
-    rows1, rows2 = r, r + HB
-    dtype = AI_ptr.dtype.element_ty
-    ai1 = AI_ptr + ((chunk_start + rows1) * HV + i_hv)[:, None] * BT + r[None, :]
-    ai2 = AI_ptr + ((chunk_start + rows2) * HV + i_hv)[:, None] * BT + r[None, :]
-    tl.store(ai1, x11.to(dtype), mask=(rows1 < length)[:, None])
-    tl.store(ai1 + HB, tl.zeros([HB, HB], dtype=dtype), mask=(rows1 < length)[:, None])
-    tl.store(ai2, x21.to(dtype), mask=(rows2 < length)[:, None])
-    tl.store(ai2 + HB, x22.to(dtype), mask=(rows2 < length)[:, None])
-
-
-@triton.jit
-def _load_chunk(K_ptr, G_ptr, BETA_ptr, AI_ptr, tokens, row_mask, i_h, i_hv,
-                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                L2NORM: tl.constexpr):
-    k_cols = tl.arange(0, BK)
-    k = tl.load(K_ptr + (tokens * H + i_h)[:, None] * K + k_cols[None, :],
-                mask=row_mask[:, None] & (k_cols[None, :] < K), other=0.0)
-    k = _l2norm_rows(k, L2NORM)
-    g = tl.load(G_ptr + tokens * HV + i_hv, mask=row_mask, other=0.0).to(tl.float32)
-    beta = tl.load(BETA_ptr + tokens * HV + i_hv, mask=row_mask, other=0.0).to(tl.float32)
-    ai = tl.load(AI_ptr + (tokens * HV + i_hv)[:, None] * BT + tl.arange(0, BT)[None, :],
-                 mask=row_mask[:, None], other=0.0)
-    return k, g, beta, ai
-
-
-@triton.jit
-def _advance(state, state_lp, k, g, beta, ai, v, keep, DOT_PRECISION: tl.constexpr):
-    """One chunk of the recurrence for one state tile: (next state, v_new, gate cumsum).
-
-    v_new = Ai (beta v - (beta gamma k) h); h' = h exp(g_last) + (k exp(g_last - G))^T v_new.
-    """
-    g = tl.where(keep, g, 0.0)
-    beta = tl.where(keep, beta, 0.0)
-    k = tl.where(keep[:, None], k, 0.0)
-    gate_cumsum = tl.cumsum(g, axis=0)
-    gate_last = tl.sum(g, axis=0)
-    dtype = k.dtype
-    k_beta_gamma = (k.to(tl.float32) * (beta * tl.exp(gate_cumsum))[:, None]).to(dtype)
-    t = v.to(tl.float32) * beta[:, None] - tl.dot(k_beta_gamma, state_lp, input_precision=DOT_PRECISION)
-    v_new = tl.dot(ai, t.to(dtype), input_precision=DOT_PRECISION).to(dtype)
-    k_decayed = (k.to(tl.float32) * tl.exp(gate_last - gate_cumsum)[:, None]).to(dtype)
-    state = state * tl.exp(gate_last) + tl.dot(tl.trans(k_decayed), v_new, input_precision=DOT_PRECISION)
-    return state, v_new, gate_cumsum, k
-
-
-@triton.jit
-def gdn_segment_state_kernel(
-    K_ptr, V_ptr, G_ptr, BETA_ptr, AI_ptr, HLOC_ptr, M_ptr, CU, SEG_OFFSETS, T, N, SEGS_PER_SEQ, SEG_TOKENS,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, NV: tl.constexpr, L2NORM: tl.constexpr, VARLEN: tl.constexpr, LOG_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    # Column tiles 0..NV-1 run the state from zero with the segment's values; the tiles after
-    # them run the K x K transition from the identity with no values (columns [V | K]).
-    i_col = tl.program_id(0)
-    i_s = tl.program_id(1).to(tl.int64)
-    i_hv = tl.program_id(2).to(tl.int64)
-    i_h = i_hv // (HV // H)
-    _seq, j, count, start, end, valid = _segment(i_s, CU, SEG_OFFSETS, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN,
-                                                 LOG_N)
-    end = tl.where(j < count - 1, end, start)  # the last segment's local state is never needed
-    is_transition = i_col >= NV
-    cols = tl.where(is_transition, i_col - NV, i_col) * BV + tl.arange(0, BV)
-    rows = tl.arange(0, BT)
-    k_rows = tl.arange(0, BK)
-    state = tl.where(is_transition & (k_rows[:, None] == cols[None, :]), 1.0, 0.0)
-    v_mask = (cols[None, :] < V) & ~is_transition
-
-    for chunk_start in range(start, end, BT):
-        tokens = chunk_start + rows.to(tl.int64)
-        row_mask = tokens < end
-        k, g, beta, ai = _load_chunk(K_ptr, G_ptr, BETA_ptr, AI_ptr, tokens, row_mask, i_h, i_hv,
-                                     H, HV, K, BT, BK, L2NORM)
-        v = tl.load(V_ptr + (tokens * HV + i_hv)[:, None] * V + cols[None, :], mask=row_mask[:, None] & v_mask,
-                    other=0.0)
-        bad = _bad_rows(k) | _bad(g) | _bad(beta) | _bad_rows(v)
-        first_bad = tl.min(tl.where(bad, rows, BT), axis=0)
-        keep = rows < first_bad
-        v = tl.where(keep[:, None], v, 0.0)
-        state, _v_new, _gates, _k = _advance(state, state.to(k.dtype), k, g, beta, ai, v, keep, DOT_PRECISION)
-        state = tl.where(first_bad < BT, _nan(), state)
-
-    base = (i_s * HV + i_hv) * K
-    store_mask = (k_rows[:, None] < K) & valid
-    tl.store(HLOC_ptr + (base + k_rows[:, None]) * V + cols[None, :], state,
-             mask=store_mask & (cols[None, :] < V) & ~is_transition)
-    tl.store(M_ptr + (base + k_rows[:, None]) * K + cols[None, :], state,
-             mask=store_mask & (cols[None, :] < K) & is_transition)
+    return k1, k2, rk1, rk2, b1, b2, gc1, gc2, x11, x21, x22, first_bad
 
 
 @triton.jit
@@ -343,57 +224,3 @@ def gdn_combine_kernel(
                 h = tl.load(HINIT_ptr + (base + m_cols[:, None]) * V + cols[None, :],
                             mask=(m_cols[:, None] < K) & (cols[None, :] < V), other=0.0)
                 state += tl.dot(m, h, input_precision=DOT_PRECISION)
-
-
-@triton.jit
-def gdn_fused_kernel(
-    Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, AI_ptr, HINIT_ptr, HT_ptr, O_ptr, CU, SEG_OFFSETS,
-    T, N, SEGS_PER_SEQ, SEG_TOKENS, scale,
-    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, L2NORM: tl.constexpr, VARLEN: tl.constexpr, LOG_N: tl.constexpr,
-    STORE_FINAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):
-    i_v = tl.program_id(0)
-    i_s = tl.program_id(1).to(tl.int64)
-    i_hv = tl.program_id(2).to(tl.int64)
-    i_h = i_hv // (HV // H)
-    n, j, count, start, end, valid = _segment(i_s, CU, SEG_OFFSETS, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN, LOG_N)
-    rows = tl.arange(0, BT)
-    k_rows = tl.arange(0, BK)
-    k_cols = tl.arange(0, BK)
-    cols = i_v * BV + tl.arange(0, BV)
-    tile_mask = (k_rows[:, None] < K) & (cols[None, :] < V) & valid
-    tile = k_rows[:, None] * V + cols[None, :]
-    # Every segment's initial state comes from `combine` (the first one's is the caller's h0 or 0).
-    state = tl.load(HINIT_ptr + (i_s * HV + i_hv) * K * V + tile, mask=tile_mask, other=0.0)
-    causal = rows[:, None] >= rows[None, :]
-
-    for chunk_start in range(start, end, BT):
-        tokens = chunk_start + rows.to(tl.int64)
-        row_mask = tokens < end
-        k, g, beta, ai = _load_chunk(K_ptr, G_ptr, BETA_ptr, AI_ptr, tokens, row_mask, i_h, i_hv,
-                                     H, HV, K, BT, BK, L2NORM)
-        q = tl.load(Q_ptr + (tokens * H + i_h)[:, None] * K + k_cols[None, :],
-                    mask=row_mask[:, None] & (k_cols[None, :] < K), other=0.0)
-        q = _l2norm_rows(q, L2NORM)
-        v_offsets = (tokens * HV + i_hv)[:, None] * V + cols[None, :]
-        v_mask = row_mask[:, None] & (cols[None, :] < V)
-        v = tl.load(V_ptr + v_offsets, mask=v_mask, other=0.0)
-        # q enters only its own token's output (row-wise products): a bad q row needs no care.
-        bad = _bad_rows(k) | _bad(g) | _bad(beta) | _bad_rows(v)
-        first_bad = tl.min(tl.where(bad, rows, BT), axis=0)
-        keep = rows < first_bad
-        v = tl.where(keep[:, None], v, 0.0)
-
-        entering = state.to(q.dtype)
-        state, v_new, gate_cumsum, k = _advance(state, entering, k, g, beta, ai, v, keep, DOT_PRECISION)
-        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        scores = tl.where(causal, scores * (scale * tl.exp(gate_cumsum[:, None] - gate_cumsum[None, :])), 0.0)
-        out = tl.dot(q, entering, input_precision=DOT_PRECISION) * (scale * tl.exp(gate_cumsum))[:, None]
-        out += tl.dot(scores.to(v_new.dtype), v_new, input_precision=DOT_PRECISION)
-        out = tl.where(keep[:, None], out, _nan())
-        tl.store(O_ptr + v_offsets, out.to(O_ptr.dtype.element_ty), mask=v_mask)
-        state = tl.where(first_bad < BT, _nan(), state)
-
-    if STORE_FINAL:
-        tl.store(HT_ptr + (n * HV + i_hv) * K * V + tile, state, mask=tile_mask & (j == count - 1))

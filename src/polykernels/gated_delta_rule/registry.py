@@ -1,13 +1,15 @@
 """Registers the gated-delta-rule kernels with polykernels.kernel_registry (Qwen3-Next's shapes).
 
-Packed sequences (VARLEN), the context-parallel (fused) path and the scan path are the
-specializations registered: they compile every branch of the segment and chunk arithmetic.
+Packed sequences (VARLEN), and the recurrence both as the output pass and as the segment-state
+pass of context parallelism, are the specializations registered: they compile every branch of
+the segment and chunk arithmetic.
 """
 
 from polykernels.gated_delta_rule.guards import dot_precision
 from polykernels.kernel_registry import KernelSpec, register
 
 _MODULE = "polykernels.gated_delta_rule.kernels"
+_PASSES = "polykernels.gated_delta_rule.recurrence_kernels"
 _SHAPE = {"H": 16, "HV": 32, "K": 128, "BT": 64, "BK": 128}
 _SEGMENTS = {"VARLEN": True, "LOG_N": 4, "L2NORM": True}
 
@@ -27,71 +29,36 @@ register(KernelSpec(
     constexprs={"BT": 64, "BLOCK": 1024},
 ))
 register(KernelSpec(
-    name="gdn_prepare", module=_MODULE, function="gdn_prepare_kernel",
-    signature={"K_ptr": "*bf16", "G_ptr": "*fp32", "BETA_ptr": "*bf16", "AI_ptr": "*bf16", "CU": "*i32",
-               "CHUNK_OFFSETS": "*i64", "T": "i32", "N": "i32", "CHUNKS_PER_SEQ": "i32",
-               **_constexpr("H", "HV", "K", "BT", "BK", "L2NORM", "VARLEN", "LOG_N", "DOT_PRECISION")},
-    constexprs={**_SHAPE, **_SEGMENTS},
-    platform_constexprs=_precision,
-))
-register(KernelSpec(
-    name="gdn_segment_state", module=_MODULE, function="gdn_segment_state_kernel",
-    signature={"K_ptr": "*bf16", "V_ptr": "*bf16", "G_ptr": "*fp32", "BETA_ptr": "*bf16", "AI_ptr": "*bf16",
-               "HLOC_ptr": "*fp32", "M_ptr": "*fp32", "CU": "*i32", "SEG_OFFSETS": "*i64", "T": "i32", "N": "i32",
-               "SEGS_PER_SEQ": "i32", "SEG_TOKENS": "i64",
+    name="gdn_prepare", module=_PASSES, function="gdn_prepare_kernel",
+    signature={"Q_ptr": "*bf16", "K_ptr": "*bf16", "V_ptr": "*bf16", "G_ptr": "*fp32", "BETA_ptr": "*bf16",
+               "W_ptr": "*bf16", "U_ptr": "*bf16", "P_ptr": "*bf16", "QS_ptr": "*fp32", "KS_ptr": "*fp32",
+               "DECAY_ptr": "*fp32", "CU": "*i32", "CHUNK_OFFSETS": "*i64", "T": "i32", "N": "i32",
+               "CHUNKS_PER_SEQ": "i32", "scale": "fp32",
                **_constexpr("H", "HV", "K", "V", "BT", "BK", "BV", "NV", "L2NORM", "VARLEN", "LOG_N",
                             "DOT_PRECISION")},
     constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": 64, "NV": 2},
     platform_constexprs=_precision,
 ))
+_RECURRENCE_SIGNATURE = {
+    "Q_ptr": "*bf16", "K_ptr": "*bf16", "W_ptr": "*bf16", "U_ptr": "*bf16", "P_ptr": "*bf16", "QS_ptr": "*fp32",
+    "KS_ptr": "*fp32", "DECAY_ptr": "*fp32", "HINIT_ptr": "*fp32", "HT_ptr": "*fp32", "O_ptr": "*bf16",
+    "HLOC_ptr": "*fp32", "M_ptr": "*fp32", "CU": "*i32", "SEG_OFFSETS": "*i64", "T": "i32", "N": "i32",
+    "SEGS_PER_SEQ": "i32", "SEG_TOKENS": "i64",
+    **_constexpr("H", "HV", "K", "V", "BT", "BK", "BV", "NV", "VARLEN", "LOG_N", "HAS_INITIAL", "SEGMENT_STATE",
+                 "STORE_FINAL", "DOT_PRECISION"),
+}
+for _name, _segment_state in (("gdn_recurrence", False), ("gdn_segment_state", True)):
+    register(KernelSpec(
+        name=_name, module=_PASSES, function="gdn_recurrence_kernel", signature=_RECURRENCE_SIGNATURE,
+        constexprs={**_SHAPE, "V": 128, "BV": 32, "NV": 4, "VARLEN": True, "LOG_N": 4, "HAS_INITIAL": True,
+                    "SEGMENT_STATE": _segment_state, "STORE_FINAL": True},
+        platform_constexprs=_precision,
+    ))
 register(KernelSpec(
     name="gdn_combine", module=_MODULE, function="gdn_combine_kernel",
     signature={"H0_ptr": "*fp32", "HLOC_ptr": "*fp32", "M_ptr": "*fp32", "HINIT_ptr": "*fp32", "CU": "*i32",
                "SEG_OFFSETS": "*i64", "N": "i32", "SEGS_PER_SEQ": "i32",
                **_constexpr("HV", "K", "V", "BK", "BV", "KB", "HAS_INITIAL", "VARLEN", "DOT_PRECISION")},
     constexprs={"HV": 32, "K": 128, "V": 128, "BK": 128, "BV": 64, "KB": 32, "HAS_INITIAL": True, "VARLEN": True},
-    platform_constexprs=_precision,
-))
-register(KernelSpec(
-    name="gdn_fused", module=_MODULE, function="gdn_fused_kernel",
-    signature={"Q_ptr": "*bf16", "K_ptr": "*bf16", "V_ptr": "*bf16", "G_ptr": "*fp32", "BETA_ptr": "*bf16",
-               "AI_ptr": "*bf16", "HINIT_ptr": "*fp32", "HT_ptr": "*fp32", "O_ptr": "*bf16",
-               "CU": "*i32", "SEG_OFFSETS": "*i64", "T": "i32", "N": "i32", "SEGS_PER_SEQ": "i32",
-               "SEG_TOKENS": "i64", "scale": "fp32",
-               **_constexpr("H", "HV", "K", "V", "BT", "BK", "BV", "L2NORM", "VARLEN", "LOG_N", "STORE_FINAL",
-                            "DOT_PRECISION")},
-    constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": 64, "STORE_FINAL": True},
-    platform_constexprs=_precision,
-))
-
-_SCAN_MODULE = "polykernels.gated_delta_rule.scan_kernels"
-register(KernelSpec(
-    name="gdn_wu", module=_SCAN_MODULE, function="gdn_wu_kernel",
-    signature={"K_ptr": "*bf16", "V_ptr": "*bf16", "G_ptr": "*fp32", "BETA_ptr": "*bf16", "W_ptr": "*bf16",
-               "U_ptr": "*bf16", "GC_ptr": "*fp32", "BAD_ptr": "*i32", "CU": "*i32", "CHUNK_OFFSETS": "*i64",
-               "T": "i32", "N": "i32", "CHUNKS_PER_SEQ": "i32",
-               **_constexpr("H", "HV", "K", "V", "BT", "BK", "BV", "NV", "L2NORM", "VARLEN", "LOG_N",
-                            "DOT_PRECISION")},
-    constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": 64, "NV": 2},
-    platform_constexprs=_precision,
-))
-register(KernelSpec(
-    name="gdn_scan", module=_SCAN_MODULE, function="gdn_scan_kernel",
-    signature={"K_ptr": "*bf16", "W_ptr": "*bf16", "U_ptr": "*bf16", "GC_ptr": "*fp32", "BAD_ptr": "*i32",
-               "H0_ptr": "*fp32", "HT_ptr": "*fp32", "HS_ptr": "*bf16", "VNEW_ptr": "*bf16", "CU": "*i32",
-               "CHUNK_OFFSETS": "*i64", "T": "i32", "N": "i32", "CHUNKS_PER_SEQ": "i32",
-               **_constexpr("H", "HV", "K", "V", "BT", "BK", "BV", "L2NORM", "VARLEN", "HAS_INITIAL", "STORE_FINAL",
-                            "DOT_PRECISION")},
-    constexprs={**_SHAPE, "V": 128, "BV": 32, "L2NORM": True, "VARLEN": True, "HAS_INITIAL": True,
-                "STORE_FINAL": True},
-    platform_constexprs=_precision,
-))
-register(KernelSpec(
-    name="gdn_output", module=_SCAN_MODULE, function="gdn_output_kernel",
-    signature={"Q_ptr": "*bf16", "K_ptr": "*bf16", "GC_ptr": "*fp32", "BAD_ptr": "*i32", "HS_ptr": "*bf16",
-               "VNEW_ptr": "*bf16", "O_ptr": "*bf16", "CU": "*i32", "CHUNK_OFFSETS": "*i64", "T": "i32", "N": "i32",
-               "CHUNKS_PER_SEQ": "i32", "scale": "fp32",
-               **_constexpr("H", "HV", "K", "V", "BT", "BK", "BV", "L2NORM", "VARLEN", "LOG_N", "DOT_PRECISION")},
-    constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": 128},
     platform_constexprs=_precision,
 ))
