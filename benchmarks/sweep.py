@@ -1,8 +1,10 @@
-"""python -m benchmarks.sweep [gdn|norm]: the launch choices the tables in the kernels come from.
+"""python -m benchmarks.sweep [gdn|gdn-launch|norm]: the launch choices the kernels' tables come from.
 
-GDN: GPU time per segments-per-sequence choice at the benchmark shapes (what PROGRAMS_PER_SM and
-MIN_SEGMENT_CHUNKS in gated_delta_rule/chunk.py encode). Norms: GPU time per (rows per program,
-num_warps) at each FLUX row width (norm/kernels.py: NORM_LAUNCH).
+gdn: GPU time per segments-per-sequence choice at the benchmark shapes (plan_segments and
+MIN_SEGMENT_CHUNKS in gated_delta_rule/chunk.py). gdn-launch: per V tile, warps and stages of the
+two passes (chunk.py's RECURRENCE_* and PREPARE_LAUNCH), with each kernel's share of the time.
+norm: per rows per block, warps, programs per SM and stages (norm/kernels.py: NORM_LAUNCH,
+NORM_PERSISTENT).
 """
 
 from __future__ import annotations
@@ -43,22 +45,29 @@ def sweep_gdn(device: str) -> list[dict]:
 
 
 def sweep_gdn_launch(device: str) -> list[dict]:
-    """GPU time per (BV, num_warps, num_stages) of the fused kernels, and where the time goes."""
+    """GPU time per launch choice of the two passes (chunk.py's tables), and where the time goes."""
     from polykernels.gated_delta_rule import chunk, chunk_gated_delta_rule
 
     results = []
-    original = dict(chunk.FUSED_LAUNCH)
-    shapes = [("B8 T4096 H32/32", 8, 4096, 32, 32, 1), ("1x32768 H2/8", 1, 32768, 2, 8, 8),
-              ("B1 T32768 H32/32", 1, 32768, 32, 32, 4)]
-    for name, batch, tokens, heads, value_heads, segments in shapes:
+    tables = (chunk.RECURRENCE_BLOCK_V, chunk.RECURRENCE_LAUNCH, chunk.PREPARE_LAUNCH)
+    originals = [dict(t) for t in tables]
+    choices = {"BV x warps x stages": [((64, bv), (w, st), None) for bv, w, st in
+                                       ((64, 4, 3), (32, 4, 3), (32, 4, 2), (32, 8, 3), (16, 4, 3))],
+               "prepare warps": [(None, None, (64, w)) for w in (4, 8)]}
+    for name, batch, tokens, heads, value_heads in (("B1 T32768 H32/32", 1, 32768, 32, 32),
+                                                     ("B8 T4096 H32/32", 8, 4096, 32, 32),
+                                                     ("1x32768 H2/8", 1, 32768, 2, 8)):
         q, k, v, g, beta = gdn_inputs(batch, tokens, heads, value_heads, device)
-        call = functools.partial(chunk_gated_delta_rule, q, k, v, g, beta, output_final_state=True,
-                                 num_segments=segments)
-        row = {"shape": name, "segments": segments}
-        for config in ((64, 4, 1), (64, 4, 2), (64, 8, 1), (32, 4, 1)):
-            chunk.FUSED_LAUNCH[128] = config
-            row["x".join(map(str, config))] = round(graph_ms(call), 4)
-        chunk.FUSED_LAUNCH.update(original)
+        call = functools.partial(chunk_gated_delta_rule, q, k, v, g, beta, output_final_state=True)
+        row: dict = {"shape": name}
+        for label, configs in choices.items():
+            for block_v, launch, prepare in configs:
+                for table, value in zip(tables, (block_v, launch, prepare), strict=True):
+                    if value is not None:
+                        table[128] = value
+                row[f"{label}: {block_v, launch, prepare}"] = round(graph_ms(call), 4)
+                for table, original in zip(tables, originals, strict=True):
+                    table.update(original)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(3):
                 call()
@@ -71,21 +80,33 @@ def sweep_gdn_launch(device: str) -> list[dict]:
 
 
 def sweep_norm(device: str) -> list[dict]:
-    from polykernels.norm import kernels, layernorm_modulate, qk_rmsnorm
+    """GPU time per (rows per block, warps, programs per SM or 0 for one per block, stages) at D 3072."""
+    from polykernels.norm import kernels, layernorm_modulate, qk_rmsnorm, rmsnorm_scale_shift
 
     results = []
-    original = dict(kernels.NORM_LAUNCH)
+    launch, persistent = dict(kernels.NORM_LAUNCH), dict(kernels.NORM_PERSISTENT)
+    threshold = kernels.PERSISTENT_MIN_ROWS_PER_SM
     dim = 3072
-    for batch, tokens in ((1, 4608), (4, 4608), (1, 1024)):
+    for op, batch, tokens in (("layernorm_modulate", 1, 4608), ("layernorm_modulate", 4, 4608),
+                              ("layernorm_modulate", 2, 4096), ("layernorm_modulate", 1, 1024),
+                              ("rmsnorm_scale_shift", 4, 4608)):
         x = torch.randn(batch, tokens, dim, device=device, dtype=torch.bfloat16)
         emb = torch.randn(batch, 6 * dim, device=device, dtype=torch.bfloat16)
         shift, scale = emb.chunk(6, dim=1)[:2]
-        row = {"shape": f"layernorm_modulate B{batch} L{tokens} D{dim}"}
-        for rows in (1, 2, 4):
-            for warps in (4, 8, 16):
-                kernels.NORM_LAUNCH[4096] = (rows, warps)
-                row[f"{rows}x{warps}"] = round(graph_ms(functools.partial(layernorm_modulate, x, shift, scale)), 4)
-        kernels.NORM_LAUNCH.update(original)
+        weight = torch.randn(dim, device=device, dtype=torch.bfloat16)
+        call = (functools.partial(layernorm_modulate, x, shift, scale) if op == "layernorm_modulate"
+                else functools.partial(rmsnorm_scale_shift, x, weight, shift, scale))
+        row = {"shape": f"{op} B{batch} L{tokens} D{dim}"}
+        for rows, warps, per_sm, stages in ((4, 8, 0, 1), (2, 8, 0, 1), (1, 8, 0, 1), (4, 8, 2, 2), (4, 8, 1, 3),
+                                            (2, 8, 2, 2), (2, 8, 2, 3), (2, 8, 4, 2), (1, 8, 4, 2)):
+            kernels.NORM_LAUNCH[4096] = (rows, warps)
+            kernels.NORM_PERSISTENT[4096] = (rows, warps, per_sm, stages)
+            kernels.PERSISTENT_MIN_ROWS_PER_SM = 0 if per_sm else 2**40
+            row[f"{rows}x{warps} {per_sm}/SM x{stages}"] = round(graph_ms(call), 4)
+        kernels.NORM_LAUNCH.update(launch)
+        kernels.NORM_PERSISTENT.clear()
+        kernels.NORM_PERSISTENT.update(persistent)
+        kernels.PERSISTENT_MIN_ROWS_PER_SM = threshold
         print(json.dumps(row), flush=True)
         results.append(row)
     q = torch.randn(1, 4608, 24, 128, device=device, dtype=torch.bfloat16)
@@ -95,7 +116,7 @@ def sweep_norm(device: str) -> list[dict]:
         for warps in (2, 4, 8):
             kernels.NORM_LAUNCH[128] = (rows, warps)
             row[f"{rows}x{warps}"] = round(graph_ms(lambda: qk_rmsnorm(q, q, w, w)), 4)
-    kernels.NORM_LAUNCH.update(original)
+    kernels.NORM_LAUNCH.update(launch)
     print(json.dumps(row), flush=True)
     results.append(row)
     return results

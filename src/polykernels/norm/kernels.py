@@ -47,18 +47,35 @@ def norm_modulate_kernel(
     EXACT_PTX: tl.constexpr,
     TILE_MODULATION: tl.constexpr,
     STORE_STATS: tl.constexpr,
+    STAGES: tl.constexpr,
 ):
-    # ROWS rows per program. TILE_MODULATION: all of them belong to one sample and the
-    # modulation is per sample, so shift/scale are loaded once as one row and broadcast.
-    # Offsets in int64: rows x D passes 2^31 for long FLUX sequences at large batch.
-    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS).to(tl.int64)
-    row_mask = row < rows
+    # ROWS rows per step; a program steps through blocks pid, pid + programs, ... so that a grid
+    # of a few programs per SM can prefetch its next block while it works on this one (STAGES).
+    # TILE_MODULATION: a block's rows belong to one sample and the modulation is per sample, so
+    # shift/scale are loaded as one row and broadcast.
+    # Offsets in int64 (row is int64): rows x D passes 2^31 for long FLUX sequences at large batch.
     cols = tl.arange(0, BLOCK_D)
     col_mask = cols < D
+    num_blocks = tl.cdiv(rows, ROWS)
+    for block in tl.range(tl.program_id(0), num_blocks, tl.num_programs(0), num_stages=STAGES):
+        _norm_rows(X, Y, W, SHIFT, SCALE, MEAN, RSTD, block * ROWS, cols, col_mask, rows, L, D,
+                   stride_shift_b, stride_shift_l, stride_scale_b, stride_scale_l, eps,
+                   ROWS, IS_RMS, EXACT_PTX, TILE_MODULATION, STORE_STATS)
+
+
+@triton.jit
+def _norm_rows(
+    X, Y, W, SHIFT, SCALE, MEAN, RSTD, first_row, cols, col_mask, rows, L, D,
+    stride_shift_b, stride_shift_l, stride_scale_b, stride_scale_l, eps,
+    ROWS: tl.constexpr, IS_RMS: tl.constexpr, EXACT_PTX: tl.constexpr, TILE_MODULATION: tl.constexpr,
+    STORE_STATS: tl.constexpr,
+):
+    row = first_row + tl.arange(0, ROWS).to(tl.int64)
+    row_mask = row < rows
     mask = row_mask[:, None] & col_mask[None, :]
     x = tl.load(X + row[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if TILE_MODULATION:
-        batch = (tl.program_id(0).to(tl.int64) * ROWS) // L
+        batch = first_row // L
         scale = tl.load(SCALE + batch * stride_scale_b + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
         shift = tl.load(SHIFT + batch * stride_shift_b + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     else:
@@ -125,8 +142,25 @@ NORM_LAUNCH: dict[int, tuple[int, int]] = {
     16: (64, 4), 32: (64, 4), 64: (32, 4), 128: (16, 4), 256: (8, 4), 512: (4, 4), 1024: (4, 4),
     2048: (4, 8), 4096: (4, 8), 8192: (2, 16), 16384: (1, 16),
 }
+# The modulated norms on inputs of at least PERSISTENT_MIN_ROWS_PER_SM rows per SM: (ROWS,
+# num_warps, programs per SM, STAGES): a grid of a few programs per SM, each stepping through row
+# blocks with the next blocks' loads in flight. H200 sweep at D 3072 (BENCHMARKS.md, "FLUX norms:
+# a persistent grid"): 9-10% less GPU time than one program per block at B4 L4608 and B2 L4096, 9% at B1
+# L4608; slower at B1 L1024 (1024 rows), hence the threshold.
+NORM_PERSISTENT: dict[int, tuple[int, int, int, int]] = {4096: (2, 8, 2, 3)}
+PERSISTENT_MIN_ROWS_PER_SM = 16
 
 
 def launch_config(block_d: int) -> tuple[int, int]:
     """(rows per program, num_warps) for rows of ``block_d`` (a power of two) elements."""
     return NORM_LAUNCH[max(16, block_d)]
+
+
+def modulated_launch_config(block_d: int, rows: int, sm_count: int) -> tuple[int, int, int, int]:
+    """(rows per block, num_warps, programs or 0 for one per block, stages) of the modulated norms."""
+    persistent = NORM_PERSISTENT.get(max(16, block_d))
+    if persistent is not None and rows >= PERSISTENT_MIN_ROWS_PER_SM * sm_count:
+        rows_per_block, num_warps, per_sm, stages = persistent
+        return rows_per_block, num_warps, per_sm * sm_count, stages
+    rows_per_block, num_warps = launch_config(block_d)
+    return rows_per_block, num_warps, 0, 1

@@ -92,18 +92,30 @@ def _launchers() -> SimpleNamespace:
 
 def _norm_meta(x: torch.Tensor, weight: torch.Tensor | None, strides: tuple[int, int, int, int], exact: bool,
                stats: bool) -> tuple[tuple[int], dict[str, object]]:
-    from polykernels.norm.kernels import launch_config
+    from polykernels.norm.kernels import modulated_launch_config
 
     batch, tokens, dim = x.shape
     block = _next_power_of_2(dim)
-    rows_per_program, num_warps = launch_config(block)
+    rows_per_block, num_warps, programs, stages = modulated_launch_config(block, batch * tokens, _sm_count(x.device))
     per_sample = strides[1] == 0 and strides[3] == 0
-    grid = (-(-(batch * tokens) // rows_per_program),)
-    return grid, {
-        "BLOCK_D": block, "ROWS": rows_per_program, "IS_RMS": weight is not None, "EXACT_PTX": exact,
-        "TILE_MODULATION": per_sample and tokens % rows_per_program == 0, "STORE_STATS": stats,
-        "num_warps": num_warps, "num_stages": 1,
+    blocks = -(-(batch * tokens) // rows_per_block)
+    return (min(blocks, programs) if programs else blocks,), {
+        "BLOCK_D": block, "ROWS": rows_per_block, "IS_RMS": weight is not None, "EXACT_PTX": exact,
+        "TILE_MODULATION": per_sample and tokens % rows_per_block == 0, "STORE_STATS": stats,
+        "STAGES": stages, "num_warps": num_warps, "num_stages": 1,
     }
+
+
+@functools.cache
+def _cuda_sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _sm_count(device: torch.device) -> int:
+    """SMs to fill; the Triton interpreter (CPU tensors) counts as one, so its grids step through blocks."""
+    if device.type != "cuda":
+        return 1
+    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _next_power_of_2(n: int) -> int:

@@ -13,8 +13,9 @@ _NORM_SIGNATURE = {
     "rows": "i32", "L": "i32", "D": "i32", "stride_shift_b": "i32", "stride_shift_l": "i32", "stride_scale_b": "i32",
     "stride_scale_l": "i32", "eps": "fp32", "BLOCK_D": "constexpr", "ROWS": "constexpr", "IS_RMS": "constexpr",
     "EXACT_PTX": "constexpr", "TILE_MODULATION": "constexpr", "STORE_STATS": "constexpr",
+    "STAGES": "constexpr",
 }
-_SHAPE = {"BLOCK_D": 4096, "ROWS": 4, "TILE_MODULATION": True, "STORE_STATS": False}
+_SHAPE = {"BLOCK_D": 4096, "ROWS": 4, "TILE_MODULATION": True, "STORE_STATS": False, "STAGES": 2}
 
 for _name, _is_rms in (("layernorm_modulate", False), ("rmsnorm_scale_shift", True)):
     register(KernelSpec(name=_name, module=_MODULE, function="norm_modulate_kernel", signature=_NORM_SIGNATURE,

@@ -52,6 +52,27 @@ def test_portable_kernel_matches_reference(dim: int, form: str, dtype: torch.dty
 
 
 @pytest.mark.cpu_only
+@pytest.mark.parametrize("form", ["chunked", "per_token"])
+@pytest.mark.parametrize("rms", [False, True], ids=["layernorm", "rmsnorm"])
+def test_persistent_grid_steps_through_every_block(form: str, rms: bool) -> None:
+    from polykernels.norm.kernels import PERSISTENT_MIN_ROWS_PER_SM, modulated_launch_config
+
+    # The interpreter counts one SM: 41 rows x 2 samples take the persistent grid, whose programs
+    # step through many 2-row blocks, the last one half full.
+    batch, tokens, dim = 2, 41, 3072
+    assert modulated_launch_config(4096, batch * tokens, 1)[2] > 0 and batch * tokens >= PERSISTENT_MIN_ROWS_PER_SM
+    x = torch.randn(batch, tokens, dim, dtype=torch.bfloat16)
+    shift, scale = modulation(batch, tokens, dim, form, torch.bfloat16)
+    weight = torch.randn(dim).to(torch.bfloat16) if rms else None
+    y, _, _ = _launch_norm(x, weight, shift, scale, 1e-6, exact=False)
+    if rms:
+        want = rmsnorm_scale_shift_reference(x, weight, shift, scale)
+    else:
+        want = layernorm_modulate_reference(x, shift, scale)
+    assert relative_rms_error(y, want) < TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.cpu_only
 @pytest.mark.parametrize("head_dim", [16, 128, 72])
 def test_qk_rmsnorm_kernel_matches_reference(head_dim: int) -> None:
     q, k = torch.randn(2, 9, 3, head_dim).half(), torch.randn(2, 5, 3, head_dim).half()
