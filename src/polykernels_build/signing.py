@@ -33,7 +33,10 @@ def _ssh_keygen(env: Mapping[str, str]) -> str:
 
 
 def _call(argv: Sequence[str], env: Mapping[str, str], data: bytes | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(list(argv), input=data, capture_output=True, check=False, timeout=60, env=dict(env))
+    # No terminal and no open stdin: ssh-keygen asks for a passphrase on the controlling terminal
+    # when a key is protected, and a runner's terminal would make that question wait until the timeout.
+    return subprocess.run(list(argv), input=data if data is not None else b"", capture_output=True, check=False,
+                          timeout=60, env=dict(env), start_new_session=True)
 
 
 @dataclass(frozen=True, kw_only=True)

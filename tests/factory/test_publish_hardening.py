@@ -446,3 +446,17 @@ def test_report_store_round_trip_is_signed(settings: Settings) -> None:
     trusted = settings.reports.trusted(wheel.sha256)
     assert trusted is not None and trusted.signer == settings.keyring.principal
     assert isinstance(trusted.report, GateReport)
+
+
+def test_a_passphrase_protected_key_fails_at_once_instead_of_asking(tmp_path: Path) -> None:
+    # A gate host's key with a passphrase: ssh-keygen would ask on the terminal and wait; the gate
+    # gives it no terminal and no stdin, so it refuses the key at once with ssh-keygen's reason.
+    key = tmp_path / "protected"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "a passphrase", "-f", str(key)], check=True,
+                   capture_output=True)
+    keyring = Keyring(keys_dir=tmp_path / "keys", repository_signers=tmp_path / "none", key=key,
+                      env=dict(os.environ))
+    start = time.monotonic()
+    with pytest.raises(GateError, match="is not a usable SSH private key"):
+        keyring.sign(b"report")
+    assert time.monotonic() - start < 30
