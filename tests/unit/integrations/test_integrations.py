@@ -156,7 +156,7 @@ def test_flux_rejects_other_models() -> None:
         apply_to_flux(torch.nn.Linear(2, 2))
 
 
-def _generation(tokens: list[int], logits: list[list[float]]):  # noqa: ANN202
+def _generation(tokens: list[int], logits: list[list[float]]):
     from polykernels.suites.qwen_generation import Generation
 
     return Generation(tokens=tokens, logits=[torch.tensor(row) for row in logits])
