@@ -40,6 +40,8 @@ class KernelSpec:
     allowed: Callable[[], bool] = _always
     # Constexprs the launcher derives from the platform, computed per target by the same guard.
     platform_constexprs: Callable[[], dict[str, Any]] | None = None
+    # num_warps / num_stages as the launcher passes them: registers and spills depend on them.
+    options: dict[str, int] = field(default_factory=dict)
 
     def allowed_on(self, target: str) -> bool:
         from polykernels import platform
@@ -87,10 +89,49 @@ def compile_here(name: str, target: str) -> dict[str, Any]:
         with platform.use(platform.for_triton_target(target)):
             constexprs.update(spec.platform_constexprs())
     source = ASTSource(fn, signature=spec.signature, constexprs=constexprs)
-    compiled = triton.compile(source, target=_gpu_target(target))
+    compiled = triton.compile(source, target=_gpu_target(target), options=dict(spec.options))
     binary = next((k for k in ("cubin", "hsaco") if k in compiled.asm), None)
     return {"kernel": name, "target": target, "ok": True, "binary": binary,
-            "bytes": len(compiled.asm[binary]) if binary else 0}
+            "bytes": len(compiled.asm[binary]) if binary else 0, "resources": resources(compiled)}
+
+
+def resources(compiled: Any) -> dict[str, int]:
+    """Registers per thread, spill bytes per thread and shared memory per program of a compiled
+    kernel, read on this CPU: what makes a kernel slow before any GPU runs it (a spilling
+    kernel's stack or scratch traffic). Empty where the tool to read them is missing."""
+    import re
+
+    found: dict[str, int] = {"shared_bytes": int(getattr(compiled.metadata, "shared", 0))}
+    if "cubin" in compiled.asm:
+        usage = _cuobjdump_resource_usage(compiled.asm["cubin"])
+        match = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+        if not match:
+            return {}
+        found.update(registers=int(match[1]), spill_bytes=int(match[2]))
+    elif "amdgcn" in compiled.asm:
+        text = compiled.asm["amdgcn"]
+        vgprs, scratch = re.search(r"; TotalNumVgprs: (\d+)", text), re.search(r"; ScratchSize: (\d+)", text)
+        if not (vgprs and scratch):
+            return {}
+        found.update(registers=int(vgprs[1]), spill_bytes=int(scratch[1]))
+    return found
+
+
+def _cuobjdump_resource_usage(cubin: bytes) -> str:
+    import tempfile
+    from pathlib import Path
+
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.is_file():
+        return ""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        done = subprocess.run([str(tool), "--dump-resource-usage", str(path)], capture_output=True, text=True,
+                              check=False, timeout=60)
+    return done.stdout
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,6 +141,7 @@ class ProbeResult:
     compiled: bool
     allowed: bool
     detail: str
+    resources: dict[str, int] = field(default_factory=dict)
 
     @property
     def consistent(self) -> bool:
@@ -117,8 +159,12 @@ def probe(name: str, target: str, timeout: float = 600.0) -> ProbeResult:
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode == 0 and lines:
         result = json.loads(lines[-1])
+        used = result.get("resources", {})
+        detail = f"{result['binary']} {result['bytes']} bytes"
+        if "registers" in used:
+            detail += f", {used['registers']} registers, {used['spill_bytes']} spill bytes per thread"
         return ProbeResult(kernel=name, target=target, compiled=True, allowed=spec.allowed_on(target),
-                           detail=f"{result['binary']} {result['bytes']} bytes")
+                           detail=detail, resources=used)
     tail = [line for line in proc.stderr.strip().splitlines() if line.strip()][-3:]
     return ProbeResult(kernel=name, target=target, compiled=False, allowed=spec.allowed_on(target),
                        detail=f"compiler process exited {proc.returncode}: {' | '.join(tail)[:400]}")

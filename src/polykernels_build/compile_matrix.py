@@ -3,7 +3,10 @@ CPU through the payload's kernel registry (one process per compile: a bad one ki
 The GPU targets are the archs of targets.toml's targets, as their backends name them for Triton.
 
 A kernel that cannot compile for a target must be guarded off there; one that its guard allows
-must compile. Either mismatch fails the matrix. Written to build/compile-matrix.json.
+must compile. Either mismatch fails the matrix. Each compile also records its registers, spill
+bytes and shared memory per target (with the launcher's warps and stages): spills are reported,
+not failed, since a spilling kernel can still be the fastest one measured. Written to
+build/compile-matrix.json.
 """
 
 from __future__ import annotations
@@ -30,10 +33,17 @@ class MatrixResult:
         return all(r["consistent"] for r in self.rows)
 
     @property
+    def spilling(self) -> list[str]:
+        """kernel@target pairs whose threads spill registers (stack on NVIDIA, scratch on AMD)."""
+        return [f"{r['kernel']}@{r['target']}" for r in self.rows if r.get("resources", {}).get("spill_bytes")]
+
+    @property
     def summary(self) -> str:
         bad = [f"{r['kernel']}@{r['target']}" for r in self.rows if not r["consistent"]]
         guarded = sum(1 for r in self.rows if not r["compiled"] and not r["allowed"])
+        spills = self.spilling
         return (f"{len(self.rows)} compiles, {guarded} guarded off as expected"
+                + (f"; {len(spills)} spill registers (see compile-matrix.json): {', '.join(spills)}" if spills else "")
                 + (f", MISSING GUARDS or broken kernels: {bad}" if bad else ""))
 
 

@@ -90,3 +90,19 @@ def test_manifest_check_catches_a_mislabelled_wheel(tmp_path: Path) -> None:
     wrong = make_wheel(tmp_path / "b", target="cuda13", variant="cu130")
     result = checks.check_manifest(wrong, MATRIX.target("cpu"))
     assert not result.passed and "target" in result.detail and "version label" in result.detail
+
+
+def test_compile_matrix_reports_spilling_kernels_without_failing() -> None:
+    from polykernels_build.compile_matrix import MatrixResult
+
+    rows = [
+        {"kernel": "a", "target": "cuda:90", "compiled": True, "allowed": True, "consistent": True,
+         "resources": {"registers": 255, "spill_bytes": 4008, "shared_bytes": 1024}},
+        {"kernel": "a", "target": "hip:gfx942", "compiled": True, "allowed": True, "consistent": True,
+         "resources": {"registers": 128, "spill_bytes": 0, "shared_bytes": 1024}},
+        {"kernel": "b_ptx", "target": "hip:gfx942", "compiled": False, "allowed": False, "consistent": True},
+    ]
+    result = MatrixResult(rows=rows)
+    assert result.consistent and result.spilling == ["a@cuda:90"]
+    assert result.summary == ("3 compiles, 1 guarded off as expected; 1 spill registers (see compile-matrix.json): "
+                              "a@cuda:90")

@@ -5,6 +5,7 @@ pass of context parallelism, are the specializations registered: they compile ev
 the segment and chunk arithmetic.
 """
 
+from polykernels.gated_delta_rule.chunk import PREPARE_LAUNCH, RECURRENCE_BLOCK_V, RECURRENCE_LAUNCH
 from polykernels.gated_delta_rule.guards import dot_precision
 from polykernels.kernel_registry import KernelSpec, register
 
@@ -12,6 +13,11 @@ _MODULE = "polykernels.gated_delta_rule.kernels"
 _PASSES = "polykernels.gated_delta_rule.recurrence_kernels"
 _SHAPE = {"H": 16, "HV": 32, "K": 128, "BT": 64, "BK": 128}
 _SEGMENTS = {"VARLEN": True, "LOG_N": 4, "L2NORM": True}
+# The launcher's choices for K = V = 128 (chunk.py's tables): the narrow V tile of the recurrence.
+_PREPARE_BV, _PREPARE_WARPS = PREPARE_LAUNCH[128]
+_RECURRENCE_BV = RECURRENCE_BLOCK_V[128][1]
+_RECURRENCE_WARPS, _RECURRENCE_STAGES = RECURRENCE_LAUNCH[128]
+_SMALL = {"num_warps": 4, "num_stages": 1}
 
 
 def _constexpr(*names: str) -> dict[str, str]:
@@ -27,6 +33,7 @@ register(KernelSpec(
     signature={"CU": "*i32", "CHUNK_OFFSETS": "*i64", "SEG_OFFSETS": "*i64", "N": "i32", "SEG_CHUNKS": "i64",
                **_constexpr("BT", "BLOCK")},
     constexprs={"BT": 64, "BLOCK": 1024},
+    options=_SMALL,
 ))
 register(KernelSpec(
     name="gdn_prepare", module=_PASSES, function="gdn_prepare_kernel",
@@ -36,8 +43,9 @@ register(KernelSpec(
                "CHUNKS_PER_SEQ": "i32", "scale": "fp32",
                **_constexpr("H", "HV", "K", "V", "BT", "BK", "BV", "NV", "L2NORM", "VARLEN", "LOG_N",
                             "DOT_PRECISION")},
-    constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": 64, "NV": 2},
+    constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV},
     platform_constexprs=_precision,
+    options={"num_warps": _PREPARE_WARPS, "num_stages": 1},
 ))
 _RECURRENCE_SIGNATURE = {
     "Q_ptr": "*bf16", "K_ptr": "*bf16", "W_ptr": "*bf16", "U_ptr": "*bf16", "P_ptr": "*bf16", "QS_ptr": "*fp32",
@@ -50,15 +58,18 @@ _RECURRENCE_SIGNATURE = {
 for _name, _segment_state in (("gdn_recurrence", False), ("gdn_segment_state", True)):
     register(KernelSpec(
         name=_name, module=_PASSES, function="gdn_recurrence_kernel", signature=_RECURRENCE_SIGNATURE,
-        constexprs={**_SHAPE, "V": 128, "BV": 32, "NV": 4, "VARLEN": True, "LOG_N": 4, "HAS_INITIAL": True,
-                    "SEGMENT_STATE": _segment_state, "STORE_FINAL": True},
+        constexprs={**_SHAPE, "V": 128, "BV": _RECURRENCE_BV, "NV": 128 // _RECURRENCE_BV, "VARLEN": True,
+                    "LOG_N": 4, "HAS_INITIAL": True, "SEGMENT_STATE": _segment_state, "STORE_FINAL": True},
         platform_constexprs=_precision,
+        options={"num_warps": _RECURRENCE_WARPS, "num_stages": _RECURRENCE_STAGES},
     ))
 register(KernelSpec(
     name="gdn_combine", module=_MODULE, function="gdn_combine_kernel",
     signature={"H0_ptr": "*fp32", "HLOC_ptr": "*fp32", "M_ptr": "*fp32", "HINIT_ptr": "*fp32", "CU": "*i32",
                "SEG_OFFSETS": "*i64", "N": "i32", "SEGS_PER_SEQ": "i32",
                **_constexpr("HV", "K", "V", "BK", "BV", "KB", "HAS_INITIAL", "VARLEN", "DOT_PRECISION")},
-    constexprs={"HV": 32, "K": 128, "V": 128, "BK": 128, "BV": 64, "KB": 32, "HAS_INITIAL": True, "VARLEN": True},
+    constexprs={"HV": 32, "K": 128, "V": 128, "BK": 128, "BV": _RECURRENCE_BV, "KB": 32, "HAS_INITIAL": True,
+                "VARLEN": True},
     platform_constexprs=_precision,
+    options=_SMALL,
 ))

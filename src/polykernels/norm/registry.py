@@ -6,6 +6,7 @@ The inline-PTX specializations are allowed exactly where the launcher's guard wo
 
 from polykernels.kernel_registry import KernelSpec, register
 from polykernels.norm.guards import ptx_allowed
+from polykernels.norm.kernels import NORM_LAUNCH, NORM_PERSISTENT
 
 _MODULE = "polykernels.norm.kernels"
 _NORM_SIGNATURE = {
@@ -15,18 +16,23 @@ _NORM_SIGNATURE = {
     "EXACT_PTX": "constexpr", "TILE_MODULATION": "constexpr", "STORE_STATS": "constexpr",
     "STAGES": "constexpr",
 }
-_SHAPE = {"BLOCK_D": 4096, "ROWS": 4, "TILE_MODULATION": True, "STORE_STATS": False, "STAGES": 2}
+# FLUX's D 3072 on the persistent grid, as the launcher runs it (norm/kernels.py's tables).
+_ROWS, _WARPS, _, _STAGES = NORM_PERSISTENT[4096]
+_SHAPE = {"BLOCK_D": 4096, "ROWS": _ROWS, "TILE_MODULATION": True, "STORE_STATS": False, "STAGES": _STAGES}
+_OPTIONS = {"num_warps": _WARPS, "num_stages": 1}
+_QK_ROWS, _QK_WARPS = NORM_LAUNCH[128]
 
 for _name, _is_rms in (("layernorm_modulate", False), ("rmsnorm_scale_shift", True)):
     register(KernelSpec(name=_name, module=_MODULE, function="norm_modulate_kernel", signature=_NORM_SIGNATURE,
-                        constexprs={**_SHAPE, "IS_RMS": _is_rms, "EXACT_PTX": False}))
+                        constexprs={**_SHAPE, "IS_RMS": _is_rms, "EXACT_PTX": False}, options=_OPTIONS))
     register(KernelSpec(name=f"{_name}_ptx", module=_MODULE, function="norm_modulate_kernel",
                         signature=_NORM_SIGNATURE, constexprs={**_SHAPE, "IS_RMS": _is_rms, "EXACT_PTX": True},
-                        allowed=ptx_allowed))
+                        allowed=ptx_allowed, options=_OPTIONS))
 register(KernelSpec(
     name="qk_rmsnorm", module=_MODULE, function="qk_rmsnorm_kernel",
     signature={"Q": "*bf16", "K": "*bf16", "WQ": "*bf16", "WK": "*bf16", "QO": "*bf16", "KO": "*bf16",
                "q_rows": "i32", "k_rows": "i32", "head_dim": "i32", "eps": "fp32",
                "ROWS": "constexpr", "BLOCK_D": "constexpr"},
-    constexprs={"ROWS": 16, "BLOCK_D": 128},
+    constexprs={"ROWS": _QK_ROWS, "BLOCK_D": 128},
+    options={"num_warps": _QK_WARPS, "num_stages": 1},
 ))

@@ -156,6 +156,8 @@ def test_portable_kernels_compile_for_amd_and_nvidia(target: str) -> None:
     for kernel in ("layernorm_modulate", "rmsnorm_scale_shift", "qk_rmsnorm"):
         result = probe(kernel, target)
         assert result.compiled, result.detail
+        # Read from the binary on this CPU: a norm that spills its rows to the stack is a regression.
+        assert result.resources["registers"] > 0 and result.resources["spill_bytes"] == 0, result.detail
 
 
 X_128 = torch.randn(1, 2, 8, generator=torch.Generator().manual_seed(0))
