@@ -51,7 +51,8 @@ def sweep_gdn_launch(device: str) -> list[dict]:
     results = []
     tables = (chunk.RECURRENCE_BLOCK_V, chunk.RECURRENCE_LAUNCH, chunk.PREPARE_LAUNCH)
     originals = [dict(t) for t in tables]
-    choices = {"BV x warps x stages": [((64, bv), (w, st), None) for bv, w, st in
+    # (wide, narrow) both set to one BV: the V tile is forced whatever plan_segments would pick.
+    choices = {"BV x warps x stages": [((bv, bv), (w, st), None) for bv, w, st in
                                        ((64, 4, 3), (32, 4, 3), (32, 4, 2), (32, 8, 3), (16, 4, 3))],
                "prepare warps": [(None, None, (64, w)) for w in (4, 8)]}
     for name, batch, tokens, heads, value_heads in (("B1 T32768 H32/32", 1, 32768, 32, 32),
