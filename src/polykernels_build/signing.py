@@ -22,6 +22,7 @@ from polykernels_build.errors import ConfigError, GateError
 
 NAMESPACE = "polykernels-gate-report"
 KEY_NAME = "gate_ed25519"
+SSH_KEYGEN_TIMEOUT = 30.0  # seconds; every call here answers in milliseconds when it works
 
 
 def _ssh_keygen(env: Mapping[str, str]) -> str:
@@ -35,8 +36,13 @@ def _ssh_keygen(env: Mapping[str, str]) -> str:
 def _call(argv: Sequence[str], env: Mapping[str, str], data: bytes | None = None) -> subprocess.CompletedProcess:
     # No terminal and no open stdin: ssh-keygen asks for a passphrase on the controlling terminal
     # when a key is protected, and a runner's terminal would make that question wait until the timeout.
-    return subprocess.run(list(argv), input=data if data is not None else b"", capture_output=True, check=False,
-                          timeout=60, env=dict(env), start_new_session=True)
+    try:
+        return subprocess.run(list(argv), input=data if data is not None else b"", capture_output=True,
+                              check=False, timeout=SSH_KEYGEN_TIMEOUT, env=dict(env), start_new_session=True)
+    except subprocess.TimeoutExpired:
+        raise GateError(f"`{' '.join(map(str, argv[:3]))} ...` did not answer in {SSH_KEYGEN_TIMEOUT:.0f} s",
+                        hint="run it by hand on this host to see what it waits for (a passphrase, entropy); "
+                        "or sign with a key given by POLYKERNELS_GATE_KEY") from None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -460,3 +460,20 @@ def test_a_passphrase_protected_key_fails_at_once_instead_of_asking(tmp_path: Pa
     with pytest.raises(GateError, match="is not a usable SSH private key"):
         keyring.sign(b"report")
     assert time.monotonic() - start < 30
+
+
+def test_an_ssh_keygen_that_never_answers_is_a_clear_error(tmp_path: Path, monkeypatch) -> None:
+    from polykernels_build import signing
+
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    stuck = tools / "ssh-keygen"
+    stuck.write_text("#!/bin/sh\nsleep 30\n")
+    stuck.chmod(0o755)
+    monkeypatch.setattr(signing, "SSH_KEYGEN_TIMEOUT", 1.0)
+    keyring = Keyring(keys_dir=tmp_path / "keys", repository_signers=tmp_path / "none",
+                      env={**os.environ, "PATH": f"{tools}:{os.environ['PATH']}"})
+    start = time.monotonic()
+    with pytest.raises(GateError, match=r"ssh-keygen -q -t \.\.\.` did not answer in 1 s"):
+        keyring.sign(b"report")
+    assert time.monotonic() - start < 10
