@@ -14,6 +14,8 @@ import time
 
 import torch
 
+from polykernels import platform
+
 
 def run_large_index_check(tokens: int = 2**31 // (32 * 128) + 4096, device: str = "cuda", segments: int = 4) -> dict:
     from polykernels.gated_delta_rule import chunk_gated_delta_rule
@@ -39,7 +41,7 @@ def run_large_index_check(tokens: int = 2**31 // (32 * 128) + 4096, device: str 
                                           beta[:, begin:end], initial_state=state, output_final_state=True)
         errors += float((o.double() - full_o[:, begin:end].double()).pow(2).sum())
         sq_ref += float(o.double().pow(2).sum())
-    plan = plan_segments(1, tokens, heads, torch.cuda.get_device_properties(device).multi_processor_count,
+    plan = plan_segments(1, tokens, heads, platform.sm_count(torch.device(device)),
                          key_dim=dim, value_dim=dim)
     return {
         "tokens": tokens,

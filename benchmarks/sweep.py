@@ -17,6 +17,7 @@ import torch
 
 from benchmarks.registry import GDN_SHAPES, gdn_inputs
 from benchmarks.timing import graph_ms
+from polykernels import platform
 
 
 def sweep_gdn(device: str) -> list[dict]:
@@ -31,7 +32,7 @@ def sweep_gdn(device: str) -> list[dict]:
             cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=device, dtype=torch.int32)
         num_seqs = batch if cu is None else len(lengths)
         auto = plan_segments(num_seqs, batch * tokens, value_heads,
-                             torch.cuda.get_device_properties(device).multi_processor_count)
+                             platform.sm_count(torch.device(device)))
         row = {"shape": name, "auto": auto.segments}
         for segments in (1, 2, 4, 8, 16):
             if segments > tokens // num_seqs // 64:

@@ -154,6 +154,23 @@ def _triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+def sm_count(device: Any) -> int:
+    """Multiprocessors (CUs on AMD) a launch on ``device`` should fill; a CPU tensor's device (the
+    Triton interpreter) counts one, so launch rules that fill the GPU stay exercised in the tests."""
+    if device.type != "cuda":
+        return 1
+    import torch
+
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def has_triton_gpu() -> bool:
     """Triton kernels can be launched here: a GPU and the triton package."""
     return current().is_gpu and has_triton()

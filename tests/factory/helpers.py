@@ -7,8 +7,20 @@ import zipfile
 from dataclasses import asdict
 from pathlib import Path
 
+from polykernels_build import publish, targets
 from polykernels_build.dist import GateReport, Wheel, judge
+from polykernels_build.settings import Settings
 from polykernels_build.signing import Keyring
+
+MATRIX = targets.load(Path(__file__).resolve().parents[2] / "targets.toml")
+
+
+def run_publish(settings: Settings, **kwargs: object) -> list[publish.Decision]:
+    """publish.publish over the repository's targets.toml, local index by default, no waivers."""
+    options = {"index_root": None, "repository_url": None, "waivers": {}, "partial": False,
+               "log": settings.build_dir / "log"}
+    options.update(kwargs)
+    return publish.publish(settings, MATRIX, **options)  # type: ignore[arg-type]
 
 
 def make_wheel(directory: Path, target: str = "cpu", variant: str = "cpu", payload: bytes = b"x",

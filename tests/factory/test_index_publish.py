@@ -12,14 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from polykernels_build import backends, gate, publish, serve, targets
+from polykernels_build import backends, gate, serve
 from polykernels_build.dist import GateReport, Wheel, judge, sha256_of
 from polykernels_build.errors import ConfigError, GateError, PublishError
 from polykernels_build.settings import Settings
-from tests.factory.helpers import make_wheel, suites_report
+from tests.factory.helpers import MATRIX, make_wheel, run_publish, suites_report
 
 ROOT = Path(__file__).resolve().parents[2]
-MATRIX = targets.load(ROOT / "targets.toml")
 
 
 @pytest.fixture
@@ -37,13 +36,6 @@ def gated_wheel(settings: Settings, target: str = "cpu", variant: str = "cpu", p
         hardware_class=backends.hardware_class(suites["platform"]), runtime="venv", host="test", passed=ok,
         reason=reason, seconds=1.0, created_at="2026-11-29T00:00:00+00:00", suites=suites))
     return wheel
-
-
-def run_publish(settings: Settings, **kwargs: object) -> list[publish.Decision]:
-    options = {"index_root": None, "repository_url": None, "waivers": {}, "partial": False,
-               "log": settings.build_dir / "log"}
-    options.update(kwargs)
-    return publish.publish(settings, MATRIX, **options)  # type: ignore[arg-type]
 
 
 def test_publish_writes_pep503_and_pep691(settings: Settings) -> None:

@@ -15,28 +15,20 @@ from pathlib import Path
 
 import pytest
 
-from polykernels_build import cli, gate, index, publish, serve, targets
+from polykernels_build import cli, gate, index, publish, serve
 from polykernels_build.dist import GateReport, built, judge, sha256_of
 from polykernels_build.errors import ConfigError, GateError, PublishError
 from polykernels_build.settings import Settings
 from polykernels_build.signing import Keyring
-from tests.factory.helpers import gate_report, make_wheel, report_file, suites_report
+from tests.factory.helpers import MATRIX, gate_report, make_wheel, report_file, run_publish, suites_report
 
 ROOT = Path(__file__).resolve().parents[2]
-MATRIX = targets.load(ROOT / "targets.toml")
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
 
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     return Settings(root=tmp_path / "repo")
-
-
-def run_publish(settings: Settings, **kwargs: object) -> list[publish.Decision]:
-    options = {"index_root": None, "repository_url": None, "waivers": {}, "partial": False,
-               "log": settings.build_dir / "log"}
-    options.update(kwargs)
-    return publish.publish(settings, MATRIX, **options)  # type: ignore[arg-type]
 
 
 def gated(settings: Settings, **kwargs: object):

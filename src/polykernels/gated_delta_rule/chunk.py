@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import torch
 
+from polykernels import platform
 from polykernels.gated_delta_rule import guards
 from polykernels.gated_delta_rule.reference import chunk_gated_delta_rule_torch
 
@@ -20,6 +21,7 @@ _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 # MIN_SEGMENT_CHUNKS chunks (each segment but the last also costs a pass over K transition columns).
 # From the H200 sweep (BENCHMARKS.md, "segments"): the best split gave about one program per SM.
 MIN_SEGMENT_CHUNKS = 8
+WHOLE_SEQUENCE = 2**34  # chunks per segment when a sequence is not cut: more than any sequence has
 
 
 def _block(dim: int) -> int:
@@ -62,16 +64,6 @@ def plan_segments(
                f"of >= {MIN_SEGMENT_CHUNKS} chunks per sequence")
     segments = max(1, min(segments, chunks))
     return SegmentPlan(segments=segments, segment_chunks=-(-chunks // segments), block_v=block_v, reason=why)
-
-
-def _sm_count(device: torch.device) -> int:
-    # The Triton interpreter (CPU tensors) has no SMs to fill: one, so only explicit splits happen.
-    return _cuda_sm_count(device) if device.type == "cuda" else 1
-
-
-@functools.cache
-def _cuda_sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 @functools.cache
@@ -131,20 +123,19 @@ def launch_chunk_gated_delta_rule(
             final.copy_(initial_state if initial_state is not None else torch.zeros_like(final))
         return o, final if output_final_state else None
 
-    plan = plan_segments(num_seqs, total, value_heads, _sm_count(device), num_segments, key_dim=key_dim,
+    plan = plan_segments(num_seqs, total, value_heads, platform.sm_count(device), num_segments, key_dim=key_dim,
                          value_dim=value_dim)
-    split = plan.segments > 1
+    # 0: each sequence is one segment (the plan kernel then counts one segment per sequence).
+    segment_chunks = plan.segment_chunks if plan.segments > 1 else 0
     precision = guards.dot_precision(fp32_inputs=q.dtype == torch.float32)
     log_n = max(1, num_seqs.bit_length())
-    # Unsplit, a segment is a whole sequence: longer than any sequence can be.
-    segment_chunks = plan.segment_chunks if split else 2**34
     if varlen:
         # Chunk and segment counts per sequence are computed on the GPU: no host round trip.
         offsets = torch.empty(2, num_seqs + 1, dtype=torch.int64, device=device)
         chunk_offsets, seg_offsets = offsets[0], offsets[1]
         max_chunks = -(-total // CHUNK) + num_seqs
-        _launchers().plan((1,), (cu_seqlens, chunk_offsets, seg_offsets, num_seqs, segment_chunks), BT=CHUNK,
-                          BLOCK=1024, num_warps=4, num_stages=1)
+        _launchers().plan((1,), (cu_seqlens, chunk_offsets, seg_offsets, num_seqs, segment_chunks or WHOLE_SEQUENCE),
+                          BT=CHUNK, BLOCK=1024, num_warps=4, num_stages=1)
     else:
         chunk_offsets = seg_offsets = _unused_offsets(device)
         max_chunks = num_seqs * -(-tokens // CHUNK)
@@ -153,8 +144,7 @@ def launch_chunk_gated_delta_rule(
     initial = initial_state.float().contiguous() if initial_state is not None else final
     flags = {"has_initial": initial_state is not None, "output_final_state": output_final_state,
              "l2norm": use_qk_l2norm_in_kernel, "precision": precision}
-    _launch_passes(q, k, v, g, beta, scale, initial, o, final, tables, segment_chunks if split else 0,
-                   plan.block_v, **flags)
+    _launch_passes(q, k, v, g, beta, scale, initial, o, final, tables, segment_chunks, plan.block_v, **flags)
     return o, final if output_final_state else None
 
 
@@ -210,7 +200,7 @@ def _launch_passes(
             max_segments = num_seqs * segments_per_seq
         segment_tokens = segment_chunks * CHUNK
     else:  # one segment per sequence (the plan kernel counted one per packed sequence)
-        segments_per_seq, max_segments, segment_tokens = 1, num_seqs, 2**40
+        segments_per_seq, max_segments, segment_tokens = 1, num_seqs, WHOLE_SEQUENCE * CHUNK
     seg_offsets = tables.seg_offsets
     segments = (tables.cu, seg_offsets, tokens, num_seqs, segments_per_seq, segment_tokens)
     recurrence = {**shape, "BV": block_v, "NV": value_tiles, **where}

@@ -96,7 +96,8 @@ def _norm_meta(x: torch.Tensor, weight: torch.Tensor | None, strides: tuple[int,
 
     batch, tokens, dim = x.shape
     block = _next_power_of_2(dim)
-    rows_per_block, num_warps, programs, stages = modulated_launch_config(block, batch * tokens, _sm_count(x.device))
+    rows_per_block, num_warps, programs, stages = modulated_launch_config(block, batch * tokens,
+                                                                      platform.sm_count(x.device))
     per_sample = strides[1] == 0 and strides[3] == 0
     blocks = -(-(batch * tokens) // rows_per_block)
     return (min(blocks, programs) if programs else blocks,), {
@@ -104,18 +105,6 @@ def _norm_meta(x: torch.Tensor, weight: torch.Tensor | None, strides: tuple[int,
         "TILE_MODULATION": per_sample and tokens % rows_per_block == 0, "STORE_STATS": stats,
         "STAGES": stages, "num_warps": num_warps, "num_stages": 1,
     }
-
-
-@functools.cache
-def _cuda_sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def _sm_count(device: torch.device) -> int:
-    """SMs to fill; the Triton interpreter (CPU tensors) counts as one, so its grids step through blocks."""
-    if device.type != "cuda":
-        return 1
-    return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _next_power_of_2(n: int) -> int:

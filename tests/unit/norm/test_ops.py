@@ -33,6 +33,14 @@ def modulation(batch: int, tokens: int, dim: int, form: str, dtype: torch.dtype)
     return torch.randn(batch, tokens, dim, dtype=dtype), torch.randn(batch, tokens, dim, dtype=dtype)
 
 
+def modulated_reference(x: torch.Tensor, weight: torch.Tensor | None, shift: torch.Tensor,
+                        scale: torch.Tensor) -> torch.Tensor:
+    """LayerNorm+modulate without a weight, RMSNorm+scale/shift with one."""
+    if weight is None:
+        return layernorm_modulate_reference(x, shift, scale)
+    return rmsnorm_scale_shift_reference(x, weight, shift, scale)
+
+
 @pytest.mark.cpu_only
 @pytest.mark.parametrize("dim", [1, 64, 100, 3072])
 @pytest.mark.parametrize("form", ["chunked", "per_sample", "per_token"])
@@ -43,10 +51,7 @@ def test_portable_kernel_matches_reference(dim: int, form: str, dtype: torch.dty
     shift, scale = modulation(2, 3, dim, form, dtype)
     weight = torch.randn(dim).to(dtype) if rms else None
     y, _, _ = _launch_norm(x, weight, shift, scale, 1e-6, exact=False)
-    if rms:
-        want = rmsnorm_scale_shift_reference(x, weight, shift, scale)
-    else:
-        want = layernorm_modulate_reference(x, shift, scale)
+    want = modulated_reference(x, weight, shift, scale)
     assert y.dtype == dtype
     assert relative_rms_error(y, want) < TOLERANCE[dtype]
 
@@ -65,10 +70,7 @@ def test_persistent_grid_steps_through_every_block(form: str, rms: bool) -> None
     shift, scale = modulation(batch, tokens, dim, form, torch.bfloat16)
     weight = torch.randn(dim).to(torch.bfloat16) if rms else None
     y, _, _ = _launch_norm(x, weight, shift, scale, 1e-6, exact=False)
-    if rms:
-        want = rmsnorm_scale_shift_reference(x, weight, shift, scale)
-    else:
-        want = layernorm_modulate_reference(x, shift, scale)
+    want = modulated_reference(x, weight, shift, scale)
     assert relative_rms_error(y, want) < TOLERANCE[torch.bfloat16]
 
 
