@@ -55,7 +55,7 @@ def sweep_gdn_launch(device: str) -> list[dict]:
     # (wide, narrow) both set to one BV: the V tile is forced whatever plan_segments would pick.
     choices = {"BV x warps x stages": [((bv, bv), (w, st), None) for bv, w, st in
                                        ((64, 4, 3), (32, 4, 3), (32, 4, 2), (32, 8, 3), (16, 4, 3))],
-               "prepare warps": [(None, None, (64, w)) for w in (4, 8)]}
+               "prepare BV x warps": [(None, None, (bv, w)) for bv in (64, 128) for w in (4, 8)]}
     for name, batch, tokens, heads, value_heads in (("B1 T32768 H32/32", 1, 32768, 32, 32),
                                                      ("B8 T4096 H32/32", 8, 4096, 32, 32),
                                                      ("1x32768 H2/8", 1, 32768, 2, 8)):

@@ -14,6 +14,9 @@ from polykernels.gated_delta_rule.reference import chunk_gated_delta_rule_torch
 
 CHUNK = 64
 MAX_HEAD_DIM = 256
+# Offsets inside one chunk are int32 in the kernels (kernels._tile): a chunk of every head must
+# span fewer than 2^31 elements, CHUNK x heads x max(K, V, CHUNK) (far above any model's heads).
+MAX_VALUE_HEADS = (2**31 - 1) // (CHUNK * MAX_HEAD_DIM)
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 # Context parallelism (plan_segments): a sequence is cut when its sequential programs (N x HV x V
@@ -87,13 +90,17 @@ def _unused_offsets(device: torch.device) -> torch.Tensor:
 
 # The recurrence kernel per padded K: (wide, narrow) V tiles (plan_segments picks one), and
 # (num_warps, num_stages): a K x BV fp32 state in registers, three stages of the chunk's q, k, w,
-# u and scores in shared memory. The prepare kernel: its V tile and warps. Chosen on the H200
-# (BENCHMARKS.md, "the two-pass design"); the prepare kernel spills about 200 registers with 4
-# warps and ran 1.7x slower with 8: splitting it is the next step.
+# u and scores in shared memory. The prepare kernel per its own padded K (at least
+# PREPARE_MIN_BLOCK_K): its V tile and warps. Whole 64-row tiles (4 warps of 16 rows) compile
+# without spills up to K = 128 on sm_90; K = 256 needs 8 warps. Below 64 padded key columns the
+# sm_90 tensor-core products of 16-bit inputs came out wrong (K = 32, bf16, on the H200: Triton
+# 3.6), so narrower keys are padded to 64 there: masked columns, the same result.
+# Chosen on the H200 (BENCHMARKS.md, "the two-pass design" and "whole-chunk prepare").
 RECURRENCE_BLOCK_V: dict[int, tuple[int, int]] = {16: (64, 32), 32: (64, 32), 64: (64, 32), 128: (64, 32),
                                                   256: (32, 16)}
 RECURRENCE_LAUNCH: dict[int, tuple[int, int]] = {16: (4, 3), 32: (4, 3), 64: (4, 3), 128: (4, 3), 256: (8, 1)}
-PREPARE_LAUNCH: dict[int, tuple[int, int]] = {16: (64, 4), 32: (64, 4), 64: (64, 4), 128: (64, 4), 256: (32, 4)}
+PREPARE_MIN_BLOCK_K = 64
+PREPARE_LAUNCH: dict[int, tuple[int, int]] = {64: (64, 4), 128: (128, 4), 256: (32, 8)}
 
 
 def launch_chunk_gated_delta_rule(
@@ -173,7 +180,8 @@ def _launch_passes(
     total, device, dtype = batch * tokens, q.device, q.dtype
     block_k = _block(key_dim)
     num_warps, num_stages = RECURRENCE_LAUNCH[block_k]
-    prep_bv, prep_warps = PREPARE_LAUNCH[block_k]
+    prep_block_k = max(block_k, PREPARE_MIN_BLOCK_K)
+    prep_bv, prep_warps = PREPARE_LAUNCH[prep_block_k]
     prep_bv = min(prep_bv, _block(value_dim))
     num_seqs, varlen = tables.num_seqs, tables.varlen
     chunks_per_seq = -(-tokens // CHUNK)
@@ -188,8 +196,8 @@ def _launch_passes(
         (tables.max_chunks, value_heads),
         (q, k, v, g, beta, w, u, scores, q_scale, k_scale, decay, tables.cu, tables.chunk_offsets, tokens, num_seqs,
          chunks_per_seq, scale),
-        **shape, BV=prep_bv, NV=-(-value_dim // prep_bv), L2NORM=l2norm, **where, num_warps=prep_warps,
-        num_stages=1,
+        **{**shape, "BK": prep_block_k}, BV=prep_bv, NV=-(-value_dim // prep_bv), L2NORM=l2norm, **where,
+        num_warps=prep_warps, num_stages=1,
     )
     value_tiles = -(-value_dim // block_v)
     if segment_chunks:
@@ -297,6 +305,8 @@ def _check(
         )
     if not 0 < key_dim <= MAX_HEAD_DIM or not 0 < value_dim <= MAX_HEAD_DIM:
         raise ValueError(f"K ({key_dim}) and V ({value_dim}) must be between 1 and {MAX_HEAD_DIM}")
+    if value_heads > MAX_VALUE_HEADS:
+        raise ValueError(f"v has {value_heads} value heads (HV); at most {MAX_VALUE_HEADS} are supported")
     for name, t in (("g", g), ("beta", beta)):
         if t.shape != (batch, tokens, value_heads):
             raise ValueError(f"{name} must be [B, T, HV] = [{batch}, {tokens}, {value_heads}], got {tuple(t.shape)}")

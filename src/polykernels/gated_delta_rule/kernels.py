@@ -1,14 +1,17 @@
 """Triton building blocks of the chunked gated delta rule forward (chunk size BT = 64).
 
 The chunk arithmetic both passes of ``recurrence_kernels.py`` share: where a chunk or a segment
-lies in packed sequences, the non-finite row checks, and (I + A)^-1 of a chunk from two 32-row
-halves. Also the two small kernels of the launch: ``plan`` (running chunk and segment counts of
-packed sequences, on the GPU, so no host table is built per call) and ``combine`` (the short scan
-of context parallelism: each segment's true initial state from the segments before it).
+lies in packed sequences, the non-finite row checks, and (I + A)^-1 of a chunk. Also the two
+small kernels of the launch: ``plan`` (running chunk and segment counts of packed sequences, on
+the GPU, so no host table is built per call) and ``combine`` (the short scan of context
+parallelism: each segment's true initial state from the segments before it).
 
 Every offset that can pass 2^31 elements (token x heads x dim, segment x heads x K x V) is
 formed from int64 operands before any multiply: Triton multiplies int32 by int32 in int32,
-which is the MI350 crash this project exists to stop.
+which is the MI350 crash this project exists to stop. Inside a chunk the offsets are int32
+(``_tile``): a chunk spans at most BT x heads x dim elements from a base pointer formed in
+int64 once per chunk, and per-element int64 offsets of 64 x 128 tiles cost the registers a
+kernel spills.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ import triton
 import triton.language as tl
 
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
-# (I + A)^-1 of a 32-row half chunk: a^32 = 0, so (I - a)(I + a^2)(I + a^4)(I + a^8)(I + a^16).
-HALF_INVERSE_LEVELS = tl.constexpr(4)
+# (I + A)^-1 of a 64-row chunk: a^64 = 0, so (I - a)(I + a^2)(I + a^4)...(I + a^32).
+CHUNK_INVERSE_LEVELS = tl.constexpr(5)
 
 
 @triton.jit
@@ -28,6 +31,12 @@ def _row_rsqrt_norm(x, L2NORM: tl.constexpr):
         xf = x.to(tl.float32)
         return tl.math.rsqrt(tl.sum(xf * xf, axis=1) + 1e-6)
     return tl.full([x.shape[0]], 1.0, tl.float32)
+
+
+@triton.jit
+def _tile(rows, cols, ROW_STRIDE: tl.constexpr):
+    """int32 element offsets of a tile inside one chunk (rows < BT, so < 2^31 for any shape we accept)."""
+    return rows[:, None] * ROW_STRIDE + cols[None, :]
 
 
 @triton.jit
@@ -133,56 +142,38 @@ def _chunk_span(i_c, CU, CHUNK_OFFSETS, T, N, CHUNKS_PER_SEQ, BT: tl.constexpr, 
 
 
 @triton.jit
-def _half_chunk_inverse(K_ptr, G_ptr, BETA_ptr, chunk_start, length, i_h, i_hv,
-                        H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                        L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """The chunk as two halves of BT/2 rows: (I + A)^-1 = [[X11, 0], [X21 = -X22 A21 X11, X22]].
+def _chunk_inverse(K_ptr, G_ptr, BETA_ptr, chunk_start, length, i_h, i_hv,
+                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                   L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Ai = (I + A)^-1 of one chunk, A = strictly lower (beta k k^T . Gamma), as whole BT-row tiles.
 
-    Rows from the first one whose k, g or beta is non-finite on are zeroed first (their outputs
-    become NaN later). Returns the halves' l2-normalized k, their 1 / ||k|| (rk), beta and gate
-    cumsums, X11, X21, X22 and that first bad row.
+    Whole tiles, not two halves: BT = 64 rows give each of 4 warps its own 16 rows of every
+    tensor-core product, where 32-row halves made two warps repeat the other two's work (and
+    hold its registers). Rows from the first one whose k, g or beta is non-finite on are zeroed
+    first (their outputs become NaN later). Returns the l2-normalized k, 1 / ||k|| (rk), beta,
+    the gate cumsum, Ai and that first bad row.
     """
-    tl.static_assert(BT == 64, "the half-chunk inverse is written for BT = 64")
-    HB: tl.constexpr = BT // 2
-    r = tl.arange(0, HB)
-    rows1, rows2 = r, r + HB
+    rows = tl.arange(0, BT)
     k_cols = tl.arange(0, BK)
-    k1 = tl.load(K_ptr + ((chunk_start + rows1) * H + i_h)[:, None] * K + k_cols[None, :],
-                 mask=(rows1 < length)[:, None] & (k_cols[None, :] < K), other=0.0)
-    k2 = tl.load(K_ptr + ((chunk_start + rows2) * H + i_h)[:, None] * K + k_cols[None, :],
-                 mask=(rows2 < length)[:, None] & (k_cols[None, :] < K), other=0.0)
-    g1 = tl.load(G_ptr + (chunk_start + rows1) * HV + i_hv, mask=rows1 < length, other=0.0).to(tl.float32)
-    g2 = tl.load(G_ptr + (chunk_start + rows2) * HV + i_hv, mask=rows2 < length, other=0.0).to(tl.float32)
-    b1 = tl.load(BETA_ptr + (chunk_start + rows1) * HV + i_hv, mask=rows1 < length, other=0.0).to(tl.float32)
-    b2 = tl.load(BETA_ptr + (chunk_start + rows2) * HV + i_hv, mask=rows2 < length, other=0.0).to(tl.float32)
-    rk1, rk2 = _row_rsqrt_norm(k1, L2NORM), _row_rsqrt_norm(k2, L2NORM)
+    in_chunk = rows < length
+    k = tl.load(K_ptr + (chunk_start * H + i_h) * K + _tile(rows, k_cols, H * K),
+                mask=in_chunk[:, None] & (k_cols[None, :] < K), other=0.0)
+    g = tl.load(G_ptr + chunk_start * HV + i_hv + rows * HV, mask=in_chunk, other=0.0).to(tl.float32)
+    b = tl.load(BETA_ptr + chunk_start * HV + i_hv + rows * HV, mask=in_chunk, other=0.0).to(tl.float32)
+    rk = _row_rsqrt_norm(k, L2NORM)
     if L2NORM:
-        k1 = (k1.to(tl.float32) * rk1[:, None]).to(k1.dtype)
-        k2 = (k2.to(tl.float32) * rk2[:, None]).to(k2.dtype)
+        k = (k.to(tl.float32) * rk[:, None]).to(k.dtype)
 
-    bad1 = _bad_rows(k1) | _bad(g1) | _bad(b1)
-    bad2 = _bad_rows(k2) | _bad(g2) | _bad(b2)
-    first_bad = tl.minimum(tl.min(tl.where(bad1, rows1, BT), axis=0), tl.min(tl.where(bad2, rows2, BT), axis=0))
-    keep1, keep2 = rows1 < first_bad, rows2 < first_bad
-    k1 = tl.where(keep1[:, None], k1, 0.0)
-    k2 = tl.where(keep2[:, None], k2, 0.0)
-    g1, g2 = tl.where(keep1, g1, 0.0), tl.where(keep2, g2, 0.0)
-    b1, b2 = tl.where(keep1, b1, 0.0), tl.where(keep2, b2, 0.0)
-
-    gc1 = tl.cumsum(g1, axis=0)
-    gc2 = tl.cumsum(g2, axis=0) + tl.sum(g1, axis=0)
-    kb1 = (k1.to(tl.float32) * b1[:, None]).to(k1.dtype)
-    kb2 = (k2.to(tl.float32) * b2[:, None]).to(k2.dtype)
-    lower = r[:, None] > r[None, :]
-    a11 = tl.dot(kb1, tl.trans(k1), input_precision=DOT_PRECISION)
-    a11 = tl.where(lower, a11 * tl.exp(gc1[:, None] - gc1[None, :]), 0.0)
-    a22 = tl.dot(kb2, tl.trans(k2), input_precision=DOT_PRECISION)
-    a22 = tl.where(lower, a22 * tl.exp(gc2[:, None] - gc2[None, :]), 0.0)
-    a21 = tl.dot(kb2, tl.trans(k1), input_precision=DOT_PRECISION) * tl.exp(gc2[:, None] - gc1[None, :])
-    x11 = _unit_lower_inverse(a11, HB, HALF_INVERSE_LEVELS, DOT_PRECISION)
-    x22 = _unit_lower_inverse(a22, HB, HALF_INVERSE_LEVELS, DOT_PRECISION)
-    x21 = -tl.dot(tl.dot(x22, a21, input_precision=DOT_PRECISION), x11, input_precision=DOT_PRECISION)
-    return k1, k2, rk1, rk2, b1, b2, gc1, gc2, x11, x21, x22, first_bad
+    first_bad = tl.min(tl.where(_bad_rows(k) | _bad(g) | _bad(b), rows, BT), axis=0)
+    keep = rows < first_bad
+    k = tl.where(keep[:, None], k, 0.0)
+    g, b = tl.where(keep, g, 0.0), tl.where(keep, b, 0.0)
+    gc = tl.cumsum(g, axis=0)
+    kb = (k.to(tl.float32) * b[:, None]).to(k.dtype)
+    a = tl.dot(kb, tl.trans(k), input_precision=DOT_PRECISION)
+    a = tl.where(rows[:, None] > rows[None, :], a * tl.exp(gc[:, None] - gc[None, :]), 0.0)
+    inverse = _unit_lower_inverse(a, BT, CHUNK_INVERSE_LEVELS, DOT_PRECISION)
+    return k, rk, b, gc, inverse, first_bad
 
 
 @triton.jit

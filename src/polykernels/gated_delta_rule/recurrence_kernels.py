@@ -1,7 +1,7 @@
 """Triton kernels of the gated delta rule forward: one parallel pass, one sequential pass.
 
 1. ``prepare``     one program per (chunk, value head), fully parallel. Everything that does not
-   depend on the state: the gate cumsum, Ai = (I + A)^-1 (kernels._half_chunk_inverse),
+   depend on the state: the gate cumsum, Ai = (I + A)^-1 (kernels._chunk_inverse),
    w = Ai (beta gamma k), u = Ai (beta v), the causal gated scores P = scale (q k^T . Gamma), and
    per-row scales that fold the l2 norms, the gates and the non-finite masks into two vectors
    (q_scale, k_scale) and one per-chunk decay. The sequential pass then reads q and k as the caller
@@ -21,7 +21,7 @@ from that row on (those outputs become NaN), k_scale and the score columns are 0
 them enters the state or other rows) and the chunk's decay is NaN (the state after it is NaN). A bad
 q reaches its own row only (every product with q is row-wise).
 
-Offsets are int64 throughout (see kernels.py).
+Offsets are int64 up to each chunk's first element and int32 inside the chunk (see kernels.py).
 """
 
 from __future__ import annotations
@@ -31,11 +31,12 @@ import triton.language as tl
 
 from polykernels.gated_delta_rule.kernels import (
     _bad_rows,
+    _chunk_inverse,
     _chunk_span,
-    _half_chunk_inverse,
     _nan,
     _row_rsqrt_norm,
     _segment,
+    _tile,
 )
 
 
@@ -52,85 +53,49 @@ def gdn_prepare_kernel(
     i_h = i_hv // (HV // H)
     chunk_start, length = _chunk_span(i_c, CU, CHUNK_OFFSETS, T, N, CHUNKS_PER_SEQ, BT, VARLEN, LOG_N)
     if length > 0:
-        k1, k2, rk1, rk2, b1, b2, gc1, gc2, x11, x21, x22, first_bad = _half_chunk_inverse(
+        k, rk, b, gc, inverse, first_bad = _chunk_inverse(
             K_ptr, G_ptr, BETA_ptr, chunk_start, length, i_h, i_hv, H, HV, K, BT, BK, L2NORM, DOT_PRECISION)
-        HB: tl.constexpr = BT // 2
-        r = tl.arange(0, HB)
-        rows1, rows2 = r, r + HB
-        tokens1, tokens2 = chunk_start + rows1, chunk_start + rows2
-        mask1, mask2 = rows1 < length, rows2 < length
-        dtype = k1.dtype
-        x11_lp, x21_lp, x22_lp = x11.to(dtype), x21.to(dtype), x22.to(dtype)
+        rows = tl.arange(0, BT)
+        in_chunk = rows < length
         k_cols = tl.arange(0, BK)
-        k_mask = k_cols[None, :] < K
+        k_mask = in_chunk[:, None] & (k_cols[None, :] < K)
+        dtype = k.dtype
+        inverse_lp = inverse.to(dtype)
+        # One int64 base per tensor and chunk; int32 offsets inside it (kernels._tile).
+        row_of = chunk_start * HV + i_hv
+        v_chunk, u_chunk = V_ptr + row_of * V, U_ptr + row_of * V
 
-        kbg1 = (k1.to(tl.float32) * (b1 * tl.exp(gc1))[:, None]).to(dtype)
-        kbg2 = (k2.to(tl.float32) * (b2 * tl.exp(gc2))[:, None]).to(dtype)
-        w1 = tl.dot(x11_lp, kbg1, input_precision=DOT_PRECISION)
-        tl.store(W_ptr + (tokens1 * HV + i_hv)[:, None] * K + k_cols[None, :], w1.to(W_ptr.dtype.element_ty),
-                 mask=mask1[:, None] & k_mask)
-        w2 = (tl.dot(x21_lp, kbg1, input_precision=DOT_PRECISION)
-              + tl.dot(x22_lp, kbg2, input_precision=DOT_PRECISION))
-        tl.store(W_ptr + (tokens2 * HV + i_hv)[:, None] * K + k_cols[None, :], w2.to(W_ptr.dtype.element_ty),
-                 mask=mask2[:, None] & k_mask)
+        kbg = (k.to(tl.float32) * (b * tl.exp(gc))[:, None]).to(dtype)
+        w = tl.dot(inverse_lp, kbg, input_precision=DOT_PRECISION)
+        tl.store(W_ptr + row_of * K + _tile(rows, k_cols, HV * K), w.to(W_ptr.dtype.element_ty), mask=k_mask)
 
         # A non-finite v row also ends the chunk's valid rows (the scores below need the final row).
         for i_v in tl.static_range(0, NV):
             v_cols = i_v * BV + tl.arange(0, BV)
-            v_mask = v_cols[None, :] < V
-            v1 = tl.load(V_ptr + (tokens1 * HV + i_hv)[:, None] * V + v_cols[None, :],
-                         mask=mask1[:, None] & v_mask, other=0.0)
-            v2 = tl.load(V_ptr + (tokens2 * HV + i_hv)[:, None] * V + v_cols[None, :],
-                         mask=mask2[:, None] & v_mask, other=0.0)
-            first_bad = tl.minimum(first_bad, tl.min(tl.where(_bad_rows(v1), rows1, BT), axis=0))
-            first_bad = tl.minimum(first_bad, tl.min(tl.where(_bad_rows(v2), rows2, BT), axis=0))
-            vb1 = tl.where((rows1 < first_bad)[:, None], v1.to(tl.float32) * b1[:, None], 0.0).to(dtype)
-            vb2 = tl.where((rows2 < first_bad)[:, None], v2.to(tl.float32) * b2[:, None], 0.0).to(dtype)
-            u1 = tl.dot(x11_lp, vb1, input_precision=DOT_PRECISION)
-            u2 = (tl.dot(x21_lp, vb1, input_precision=DOT_PRECISION)
-                  + tl.dot(x22_lp, vb2, input_precision=DOT_PRECISION))
-            tl.store(U_ptr + (tokens1 * HV + i_hv)[:, None] * V + v_cols[None, :], u1.to(U_ptr.dtype.element_ty),
-                     mask=mask1[:, None] & v_mask)
-            tl.store(U_ptr + (tokens2 * HV + i_hv)[:, None] * V + v_cols[None, :], u2.to(U_ptr.dtype.element_ty),
-                     mask=mask2[:, None] & v_mask)
+            v_mask = in_chunk[:, None] & (v_cols[None, :] < V)
+            v = tl.load(v_chunk + _tile(rows, v_cols, HV * V), mask=v_mask, other=0.0)
+            first_bad = tl.minimum(first_bad, tl.min(tl.where(_bad_rows(v), rows, BT), axis=0))
+            vb = tl.where((rows < first_bad)[:, None], v.to(tl.float32) * b[:, None], 0.0).to(dtype)
+            u = tl.dot(inverse_lp, vb, input_precision=DOT_PRECISION)
+            tl.store(u_chunk + _tile(rows, v_cols, HV * V), u.to(U_ptr.dtype.element_ty), mask=v_mask)
 
-        # Scores of l2-normalized q against l2-normalized k (k1, k2 come normalized).
-        keep1, keep2 = rows1 < first_bad, rows2 < first_bad
-        causal = r[:, None] >= r[None, :]
-        p_rows1 = P_ptr + (tokens1 * HV + i_hv)[:, None] * BT + r[None, :]
-        p_rows2 = P_ptr + (tokens2 * HV + i_hv)[:, None] * BT + r[None, :]
-        p_type = P_ptr.dtype.element_ty
-        q1 = tl.load(Q_ptr + (tokens1 * H + i_h)[:, None] * K + k_cols[None, :], mask=mask1[:, None] & k_mask,
-                     other=0.0)
-        rq1 = _row_rsqrt_norm(q1, L2NORM)
-        qn1 = (q1.to(tl.float32) * rq1[:, None]).to(dtype)
-        p11 = tl.dot(qn1, tl.trans(k1), input_precision=DOT_PRECISION)
-        p11 = tl.where(causal & keep1[None, :], p11 * (scale * tl.exp(gc1[:, None] - gc1[None, :])), 0.0)
-        tl.store(p_rows1, p11.to(p_type), mask=mask1[:, None])
-        tl.store(p_rows1 + HB, tl.zeros([HB, HB], dtype=p_type), mask=mask1[:, None])
-        q2 = tl.load(Q_ptr + (tokens2 * H + i_h)[:, None] * K + k_cols[None, :], mask=mask2[:, None] & k_mask,
-                     other=0.0)
-        rq2 = _row_rsqrt_norm(q2, L2NORM)
-        qn2 = (q2.to(tl.float32) * rq2[:, None]).to(dtype)
-        p21 = tl.dot(qn2, tl.trans(k1), input_precision=DOT_PRECISION)
-        p21 = tl.where(keep1[None, :], p21 * (scale * tl.exp(gc2[:, None] - gc1[None, :])), 0.0)
-        tl.store(p_rows2, p21.to(p_type), mask=mask2[:, None])
-        p22 = tl.dot(qn2, tl.trans(k2), input_precision=DOT_PRECISION)
-        p22 = tl.where(causal & keep2[None, :], p22 * (scale * tl.exp(gc2[:, None] - gc2[None, :])), 0.0)
-        tl.store(p_rows2 + HB, p22.to(p_type), mask=mask2[:, None])
+        # Scores of l2-normalized q against l2-normalized k (k comes normalized).
+        keep = rows < first_bad
+        q = tl.load(Q_ptr + (chunk_start * H + i_h) * K + _tile(rows, k_cols, H * K), mask=k_mask, other=0.0)
+        rq = _row_rsqrt_norm(q, L2NORM)
+        qn = (q.to(tl.float32) * rq[:, None]).to(dtype)
+        scores = tl.dot(qn, tl.trans(k), input_precision=DOT_PRECISION)
+        causal = (rows[:, None] >= rows[None, :]) & keep[None, :]
+        scores = tl.where(causal, scores * (scale * tl.exp(gc[:, None] - gc[None, :])), 0.0)
+        tl.store(P_ptr + row_of * BT + _tile(rows, rows, HV * BT), scores.to(P_ptr.dtype.element_ty),
+                 mask=in_chunk[:, None])
 
         # The sequential pass reads raw q and k: their norms, the gates and the masks go in here.
         # Padding rows and rows past a bad one have g = 0: the last row's cumsum is the chunk's total.
-        gate_last = tl.sum(tl.where(rows2 == BT - 1, gc2, 0.0), axis=0)
-        qs1 = tl.where(keep1, scale * rq1 * tl.exp(gc1), _nan())
-        qs2 = tl.where(keep2, scale * rq2 * tl.exp(gc2), _nan())
-        ks1 = tl.where(keep1, rk1 * tl.exp(gate_last - gc1), 0.0)
-        ks2 = tl.where(keep2, rk2 * tl.exp(gate_last - gc2), 0.0)
-        tl.store(QS_ptr + tokens1 * HV + i_hv, qs1, mask=mask1)
-        tl.store(QS_ptr + tokens2 * HV + i_hv, qs2, mask=mask2)
-        tl.store(KS_ptr + tokens1 * HV + i_hv, ks1, mask=mask1)
-        tl.store(KS_ptr + tokens2 * HV + i_hv, ks2, mask=mask2)
-        tl.store(DECAY_ptr + chunk_start * HV + i_hv, tl.where(first_bad < BT, _nan(), tl.exp(gate_last)))
+        gate_last = tl.sum(tl.where(rows == BT - 1, gc, 0.0), axis=0)
+        tl.store(QS_ptr + row_of + rows * HV, tl.where(keep, scale * rq * tl.exp(gc), _nan()), mask=in_chunk)
+        tl.store(KS_ptr + row_of + rows * HV, tl.where(keep, rk * tl.exp(gate_last - gc), 0.0), mask=in_chunk)
+        tl.store(DECAY_ptr + row_of, tl.where(first_bad < BT, _nan(), tl.exp(gate_last)))
 
 
 @triton.jit
@@ -167,27 +132,28 @@ def gdn_recurrence_kernel(
             state = tl.zeros([BK, BV], dtype=tl.float32)
 
     for chunk_start in range(start, end, BT):
-        tokens = chunk_start + rows.to(tl.int64)
-        row_mask = tokens < end
+        row_mask = chunk_start + rows < end
         k_mask = row_mask[:, None] & (k_cols[None, :] < K)
-        w = tl.load(W_ptr + (tokens * HV + i_hv)[:, None] * K + k_cols[None, :], mask=k_mask, other=0.0)
-        k = tl.load(K_ptr + (tokens * H + i_h)[:, None] * K + k_cols[None, :], mask=k_mask, other=0.0)
-        v_offsets = (tokens * HV + i_hv)[:, None] * V + cols[None, :]
-        u = tl.load(U_ptr + v_offsets, mask=row_mask[:, None] & u_mask, other=0.0)
-        k_scale = tl.load(KS_ptr + tokens * HV + i_hv, mask=row_mask, other=0.0)
-        decay = tl.load(DECAY_ptr + chunk_start * HV + i_hv)
+        # One int64 base per tensor and chunk; int32 offsets inside it (kernels._tile).
+        row_of = chunk_start * HV + i_hv
+        qk_chunk = (chunk_start * H + i_h) * K
+        v_tile = _tile(rows, cols, HV * V)
+        w = tl.load(W_ptr + row_of * K + _tile(rows, k_cols, HV * K), mask=k_mask, other=0.0)
+        k = tl.load(K_ptr + qk_chunk + _tile(rows, k_cols, H * K), mask=k_mask, other=0.0)
+        u = tl.load(U_ptr + row_of * V + v_tile, mask=row_mask[:, None] & u_mask, other=0.0)
+        k_scale = tl.load(KS_ptr + row_of + rows * HV, mask=row_mask, other=0.0)
+        decay = tl.load(DECAY_ptr + row_of)
 
         entering = state.to(w.dtype)
         v_new = u.to(tl.float32) - tl.dot(w, entering, input_precision=DOT_PRECISION)
         update = (v_new * k_scale[:, None]).to(w.dtype)
         if not SEGMENT_STATE:
-            q = tl.load(Q_ptr + (tokens * H + i_h)[:, None] * K + k_cols[None, :], mask=k_mask, other=0.0)
-            scores = tl.load(P_ptr + (tokens * HV + i_hv)[:, None] * BT + rows[None, :], mask=row_mask[:, None],
-                             other=0.0)
-            q_scale = tl.load(QS_ptr + tokens * HV + i_hv, mask=row_mask, other=0.0)
+            q = tl.load(Q_ptr + qk_chunk + _tile(rows, k_cols, H * K), mask=k_mask, other=0.0)
+            scores = tl.load(P_ptr + row_of * BT + _tile(rows, rows, HV * BT), mask=row_mask[:, None], other=0.0)
+            q_scale = tl.load(QS_ptr + row_of + rows * HV, mask=row_mask, other=0.0)
             out = tl.dot(q, entering, input_precision=DOT_PRECISION) * q_scale[:, None]
             out += tl.dot(scores, v_new.to(w.dtype), input_precision=DOT_PRECISION)
-            tl.store(O_ptr + v_offsets, out.to(O_ptr.dtype.element_ty), mask=row_mask[:, None] & u_mask)
+            tl.store(O_ptr + row_of * V + v_tile, out.to(O_ptr.dtype.element_ty), mask=row_mask[:, None] & u_mask)
         state = state * decay + tl.dot(tl.trans(k), update, input_precision=DOT_PRECISION)
 
     if SEGMENT_STATE:
