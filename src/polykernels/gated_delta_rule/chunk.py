@@ -90,17 +90,17 @@ def _unused_offsets(device: torch.device) -> torch.Tensor:
 
 # The recurrence kernel per padded K: (wide, narrow) V tiles (plan_segments picks one), and
 # (num_warps, num_stages): a K x BV fp32 state in registers, three stages of the chunk's q, k, w,
-# u and scores in shared memory. The prepare kernel per its own padded K (at least
-# PREPARE_MIN_BLOCK_K): its V tile and warps. Whole 64-row tiles (4 warps of 16 rows) compile
-# without spills up to K = 128 on sm_90; K = 256 needs 8 warps. Below 64 padded key columns the
-# sm_90 tensor-core products of 16-bit inputs came out wrong (K = 32, bf16, on the H200: Triton
-# 3.6), so narrower keys are padded to 64 there: masked columns, the same result.
+# u and scores in shared memory. The prepare kernel: its V tile and warps. Whole 64-row tiles
+# (4 warps of 16 rows) compile without spills up to K = 128 on sm_90; K = 256 needs 8 warps.
 # Chosen on the H200 (BENCHMARKS.md, "the two-pass design" and "whole-chunk prepare").
 RECURRENCE_BLOCK_V: dict[int, tuple[int, int]] = {16: (64, 32), 32: (64, 32), 64: (64, 32), 128: (64, 32),
                                                   256: (32, 16)}
 RECURRENCE_LAUNCH: dict[int, tuple[int, int]] = {16: (4, 3), 32: (4, 3), 64: (4, 3), 128: (4, 3), 256: (8, 1)}
-PREPARE_MIN_BLOCK_K = 64
-PREPARE_LAUNCH: dict[int, tuple[int, int]] = {64: (64, 4), 128: (128, 4), 256: (32, 8)}
+PREPARE_LAUNCH: dict[int, tuple[int, int]] = {64: (64, 4), 128: (128, 4), 256: (64, 8)}
+# The prepare kernel's K and V tiles are at least this wide (narrower heads are masked): its
+# products (I + A)^-1 x (32 columns) of 16-bit inputs came out wrong, or faulted, on the H200
+# (Triton 3.6, sm_90 wgmma with the left operand in registers); 64 columns are right.
+PREPARE_MIN_BLOCK = 64
 
 
 def launch_chunk_gated_delta_rule(
@@ -180,9 +180,13 @@ def _launch_passes(
     total, device, dtype = batch * tokens, q.device, q.dtype
     block_k = _block(key_dim)
     num_warps, num_stages = RECURRENCE_LAUNCH[block_k]
-    prep_block_k = max(block_k, PREPARE_MIN_BLOCK_K)
+    if q.element_size() == 4:
+        # fp32 chunks: three stages of q, k, w, u and scores need 257 KiB of shared memory at
+        # K = 128 (the H200 has 227): one stage. fp32 is the exact path, not the fast one.
+        num_stages = 1
+    prep_block_k = max(block_k, PREPARE_MIN_BLOCK)
     prep_bv, prep_warps = PREPARE_LAUNCH[prep_block_k]
-    prep_bv = min(prep_bv, _block(value_dim))
+    prep_bv = max(min(prep_bv, _block(value_dim)), PREPARE_MIN_BLOCK)
     num_seqs, varlen = tables.num_seqs, tables.varlen
     chunks_per_seq = -(-tokens // CHUNK)
     w = torch.empty(total, value_heads, key_dim, dtype=dtype, device=device)
