@@ -13,10 +13,10 @@ def choose(device_type: str) -> Choice:
     if not platform.has_triton():
         return Choice("torch", "triton is not installed")
     seen = platform.current()
-    return Choice("triton", f"{seen.backend} {seen.arch}: Triton chunked kernels (int64 offsets): a parallel "
-                            "prepare pass, then one sequential pass per (V tile, segment, head) with the state on "
-                            "chip; sequences are cut into segments when N x HV x V tiles fill at most half the SMs "
-                            "(chunk.plan_segments; num_segments= overrides)")
+    return Choice("triton", f"{seen.backend} {seen.arch}: Triton chunked kernels (int64 chunk offsets): a "
+                            "parallel prepare pass, then one sequential pass per (V tile, segment, head) with the "
+                            "state on chip; sequences are cut into segments when N x HV x V tiles fill at most half "
+                            "the SMs (chunk.plan_segments; num_segments= overrides)")
 
 
 def dot_precision(fp32_inputs: bool) -> str:
