@@ -60,9 +60,24 @@ class Launcher:
             compiled.run(grid3[0], grid3[1], grid3[2], torch._C._cuda_getCurrentRawStream(device), compiled.function,
                          compiled.packed_metadata, None, None, None, *args, *constexpr_tail)
             return
-        compiled = self.kernel[grid](*args, **meta)
+        compiled = self._launch_fitting(grid, args, meta)
         if _is_compiled(compiled):
             self._compiled[key] = (compiled, self._constexpr_tail(len(args), meta))
+
+    def _launch_fitting(self, grid: tuple[int, ...], args: Sequence[object], meta: dict[str, object]) -> Any:
+        """``kernel[grid](...)``, one pipeline stage fewer while the device's shared memory cannot
+        hold the stages asked for: the launch tables are tuned on the H200 (227 KiB per block), an
+        MI300X or a consumer GPU has 64-99 KiB. Triton raises before anything runs."""
+        from triton.runtime.errors import OutOfResources
+
+        while True:
+            try:
+                return self.kernel[grid](*args, **meta)
+            except OutOfResources as error:
+                stages = int(meta.get("num_stages", 1))  # type: ignore[call-overload]
+                if error.name != "shared memory" or stages <= 1:
+                    raise
+                meta = {**meta, "num_stages": stages - 1}
 
     def _constexpr_tail(self, num_args: int, meta: dict[str, object]) -> tuple:
         """The constexpr values in signature order: the compiled launcher takes every argument."""

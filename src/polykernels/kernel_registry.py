@@ -93,10 +93,23 @@ def compile_here(name: str, target: str) -> dict[str, Any]:
     aligned = {(fn.arg_names.index(arg),): [["tt.divisibility", 16]]
                for arg, kind in spec.signature.items() if kind.startswith("*")}
     source = ASTSource(fn, signature=spec.signature, constexprs=constexprs, attrs=aligned)
-    compiled = triton.compile(source, target=_gpu_target(target), options=dict(spec.options))
+    options = dict(spec.options)
+    limit = platform.SHARED_MEMORY_PER_BLOCK.get(platform.for_triton_target(target).arch or "")
+    while True:
+        compiled = triton.compile(source, target=_gpu_target(target), options=options)
+        shared = int(getattr(compiled.metadata, "shared", 0))
+        if limit is None or shared <= limit:
+            break
+        # As the launcher does (polykernels._launch): one pipeline stage fewer until it fits.
+        if options.get("num_stages", 1) <= 1:
+            raise RuntimeError(f"{name} needs {shared} bytes of shared memory per program even with one "
+                               f"pipeline stage; {target} has {limit}: it cannot launch there")
+        options["num_stages"] = options.get("num_stages", 1) - 1
     binary = next((k for k in ("cubin", "hsaco") if k in compiled.asm), None)
     return {"kernel": name, "target": target, "ok": True, "binary": binary,
-            "bytes": len(compiled.asm[binary]) if binary else 0, "resources": resources(compiled)}
+            "bytes": len(compiled.asm[binary]) if binary else 0,
+            "resources": {**resources(compiled), "num_stages": options.get("num_stages", 1),
+                          "shared_limit": limit or 0}}
 
 
 def resources(compiled: Any) -> dict[str, int]:
@@ -167,6 +180,9 @@ def probe(name: str, target: str, timeout: float = 600.0) -> ProbeResult:
         detail = f"{result['binary']} {result['bytes']} bytes"
         if "registers" in used:
             detail += f", {used['registers']} registers, {used['spill_bytes']} spill bytes per thread"
+        if used.get("num_stages", 1) < spec.options.get("num_stages", 1):
+            detail += (f", {used['num_stages']} of {spec.options['num_stages']} pipeline stages fit its "
+                       f"{used['shared_limit']} bytes of shared memory")
         return ProbeResult(kernel=name, target=target, compiled=True, allowed=spec.allowed_on(target),
                            detail=detail, resources=used)
     tail = [line for line in proc.stderr.strip().splitlines() if line.strip()][-3:]

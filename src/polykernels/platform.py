@@ -91,6 +91,16 @@ def compiled_for() -> Platform:
                     runtime_version=hip or cuda)
 
 
+# Shared memory one program may use (bytes, the opt-in maximum per block), per GPU architecture:
+# what Triton checks a compiled kernel against at launch. The compile matrix reads it for the
+# targets it builds for, without a GPU (the launcher learns it from the device).
+SHARED_MEMORY_PER_BLOCK: dict[str, int] = {
+    "sm_80": 166912, "sm_86": 101376, "sm_87": 166912, "sm_89": 101376, "sm_90": 232448, "sm_100": 232448,
+    "sm_103": 232448, "sm_120": 101376, "sm_121": 101376,
+    "gfx90a": 65536, "gfx942": 65536, "gfx950": 163840,
+}
+
+
 def for_triton_target(target: str) -> Platform:
     """The platform a Triton target ("cuda:90", "hip:gfx942") stands for: the compile matrix asks
     each family's guard about it."""

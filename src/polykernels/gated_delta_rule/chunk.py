@@ -179,11 +179,8 @@ def _launch_passes(
     value_heads, value_dim = v.shape[2], v.shape[3]
     total, device, dtype = batch * tokens, q.device, q.dtype
     block_k = _block(key_dim)
+    # Stages the device cannot hold (fp32 tiles; 64 KiB on gfx942) fall back in the launcher.
     num_warps, num_stages = RECURRENCE_LAUNCH[block_k]
-    if q.element_size() == 4:
-        # fp32 chunks: three stages of q, k, w, u and scores need 257 KiB of shared memory at
-        # K = 128 (the H200 has 227): one stage. fp32 is the exact path, not the fast one.
-        num_stages = 1
     prep_block_k = max(block_k, PREPARE_MIN_BLOCK)
     prep_bv, prep_warps = PREPARE_LAUNCH[prep_block_k]
     prep_bv = max(min(prep_bv, _block(value_dim)), PREPARE_MIN_BLOCK)

@@ -55,12 +55,23 @@ _RECURRENCE_SIGNATURE = {
     **_constexpr("H", "HV", "K", "V", "BT", "BK", "BV", "NV", "VARLEN", "LOG_N", "HAS_INITIAL", "SEGMENT_STATE",
                  "STORE_FINAL", "DOT_PRECISION"),
 }
-for _name, _segment_state in (("gdn_recurrence", False), ("gdn_segment_state", True)):
+
+def _fp32(signature: dict[str, str]) -> dict[str, str]:
+    return {name: "*fp32" if kind == "*bf16" else kind for name, kind in signature.items()}
+
+
+# fp32 inputs too: their pipeline stages take twice the shared memory (three do not fit an H200 at
+# K = 128; the launcher then drops one, and the matrix shows how many fit on each target).
+for _name, _segment_state, _signature, _precise in (
+    ("gdn_recurrence", False, _RECURRENCE_SIGNATURE, _precision),
+    ("gdn_segment_state", True, _RECURRENCE_SIGNATURE, _precision),
+    ("gdn_recurrence_fp32", False, _fp32(_RECURRENCE_SIGNATURE), lambda: {"DOT_PRECISION": dot_precision(True)}),
+):
     register(KernelSpec(
-        name=_name, module=_PASSES, function="gdn_recurrence_kernel", signature=_RECURRENCE_SIGNATURE,
+        name=_name, module=_PASSES, function="gdn_recurrence_kernel", signature=_signature,
         constexprs={**_SHAPE, "V": 128, "BV": _RECURRENCE_BV, "NV": 128 // _RECURRENCE_BV, "VARLEN": True,
                     "LOG_N": 4, "HAS_INITIAL": True, "SEGMENT_STATE": _segment_state, "STORE_FINAL": True},
-        platform_constexprs=_precision,
+        platform_constexprs=_precise,
         options={"num_warps": _RECURRENCE_WARPS, "num_stages": _RECURRENCE_STAGES},
     ))
 register(KernelSpec(
