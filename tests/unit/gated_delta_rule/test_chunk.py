@@ -361,3 +361,27 @@ def test_dot_precision_follows_the_platform(backend: str, arch: str | None, expe
     with platform.use(seen):
         assert dot_precision(fp32_inputs=False) == expected
         assert dot_precision(fp32_inputs=True) == "ieee"
+
+
+@pytest.mark.slow
+def test_compile_matrix_fails_a_kernel_that_no_stage_count_fits() -> None:
+    # fp32 state and value tiles of 256 x 128 need 128 KiB of shared memory with one stage: no
+    # MI300X program (64 KiB) can launch it, and the matrix must say so on this CPU. Compiled in
+    # its own process, as the matrix does (these tests run Triton's interpreter).
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import dataclasses; from polykernels import kernel_registry as r\n"
+        "spec = r.kernels()['gdn_recurrence_fp32']\n"
+        "wide = dataclasses.replace(spec, name='too_wide', constexprs={**spec.constexprs, 'K': 256, 'BK': 256, "
+        "'V': 256, 'BV': 128, 'NV': 2})\n"
+        "r.register(wide); r.compile_here('too_wide', 'hip:gfx942')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600,
+                          check=False)
+    assert done.returncode != 0
+    assert ("needs 131072 bytes of shared memory per program even with one pipeline stage; hip:gfx942 has 65536"
+            in done.stderr), done.stderr[-2000:]
