@@ -1,4 +1,9 @@
-"""python -m benchmarks.run [--only int4|norm|gdn] [--out DIR]: time every row, write table + plot."""
+"""python -m benchmarks.run [--only int4|norm|gdn] [--case TEXT] [--out DIR]: time every row, write table + plot.
+
+Each row is appended to DIR/rows.jsonl as soon as it is measured, so a run cut short (a time limit
+on a lent GPU) keeps what it measured; ``--case`` (repeatable) runs the cases whose name contains
+the text, to split one family over several runs.
+"""
 
 from __future__ import annotations
 
@@ -34,11 +39,14 @@ def _time(fn: object, clock: object, label: str) -> float | None:
         return None
 
 
-def run(families: list[str], device: str) -> dict[str, object]:
+def run(families: list[str], device: str, cases: list[str] | None = None,
+        rows_log: Path | None = None) -> dict[str, object]:
     copy = copy_bandwidth_gbs(device)
     rows = []
     for family in families:
         for case in FAMILIES[family](device):
+            if cases and not any(text in case.name for text in cases):
+                continue
             times = {}
             for impl, fn in case.implementations.items():
                 label = f"{case.family} {case.name} {impl}"
@@ -59,6 +67,11 @@ def run(families: list[str], device: str) -> dict[str, object]:
                     "polykernels_speedup_eager": round(eager / ours_eager, 2) if eager and ours_eager else None,
                     "polykernels_speedup_graph": round(graph / ours_graph, 2) if graph and ours_graph else None,
                 })
+                if rows_log is not None:
+                    with rows_log.open("a") as log:
+                        log.write(json.dumps({**rows[-1], "copy_gb_per_s": round(copy, 1),
+                                              "date": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+                                  + "\n")
                 print(f"{case.family:22} {case.name:36} {impl:32} eager {eager or float('nan'):8.4f} ms  "
                       f"graph {graph or float('nan'):8.4f} ms  host {host or float('nan'):6.1f} us {gbs:8.1f} GB/s",
                       flush=True)
@@ -119,13 +132,14 @@ def plot(result: dict[str, object], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run")
     parser.add_argument("--only", action="append", choices=sorted(FAMILIES))
+    parser.add_argument("--case", action="append", help="run only the cases whose name contains this text")
     parser.add_argument("--out", type=Path, default=Path("build/bench"))
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench needs a CUDA or ROCm GPU; torch sees none", file=sys.stderr)
         return 2
-    result = run(args.only or list(FAMILIES), "cuda")
     args.out.mkdir(parents=True, exist_ok=True)
+    result = run(args.only or list(FAMILIES), "cuda", args.case, args.out / "rows.jsonl")
     (args.out / "results.json").write_text(json.dumps(result, indent=2))
     (args.out / "results.md").write_text(to_markdown(result))
     plot(result, args.out / "bandwidth.png")
