@@ -56,9 +56,13 @@ def sweep_gdn_launch(device: str) -> list[dict]:
     choices = {"BV x warps x stages": [((bv, bv), (w, st), None) for bv, w, st in
                                        ((64, 4, 3), (32, 4, 3), (32, 4, 2), (32, 8, 3), (16, 4, 3))],
                "prepare BV x warps": [(None, None, (bv, w)) for bv in (64, 128) for w in (4, 8)]}
+    # The thin shapes too: there the V tile also sets the segment count (plan_segments), and a
+    # 64-wide tile with more segments beat the 32-wide one at 1x32768 2/8 (BENCHMARKS.md).
     for name, batch, tokens, heads, value_heads in (("B1 T32768 H32/32", 1, 32768, 32, 32),
                                                      ("B8 T4096 H32/32", 8, 4096, 32, 32),
-                                                     ("1x32768 H2/8", 1, 32768, 2, 8)):
+                                                     ("1x32768 H2/8", 1, 32768, 2, 8),
+                                                     ("1x65536 H2/8", 1, 65536, 2, 8),
+                                                     ("1x32768 H4/16", 1, 32768, 4, 16)):
         q, k, v, g, beta = gdn_inputs(batch, tokens, heads, value_heads, device)
         call = functools.partial(chunk_gated_delta_rule, q, k, v, g, beta, output_final_state=True)
         row: dict = {"shape": name}
