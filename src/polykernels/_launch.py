@@ -74,10 +74,10 @@ class Launcher:
             try:
                 return self.kernel[grid](*args, **meta)
             except OutOfResources as error:
-                stages = int(meta.get("num_stages", 1))  # type: ignore[call-overload]
-                if error.name != "shared memory" or stages <= 1:
+                fewer = fewer_stages(meta)
+                if error.name != "shared memory" or fewer is None:
                     raise
-                meta = {**meta, "num_stages": stages - 1}
+                meta = fewer
 
     def _constexpr_tail(self, num_args: int, meta: dict[str, object]) -> tuple:
         """The constexpr values in signature order: the compiled launcher takes every argument."""
@@ -86,6 +86,13 @@ class Launcher:
         if positions and positions[0] < num_args:
             raise RuntimeError(f"{self.kernel.fn.__name__}: constexpr parameters must come after the runtime ones")
         return tuple(meta[names[i]] for i in positions)
+
+
+def fewer_stages(options: dict[str, Any]) -> dict[str, Any] | None:
+    """The launch options with one pipeline stage fewer, or None at one stage: what a launch whose
+    shared memory does not fit the device falls back to (here, and in the compile matrix)."""
+    stages = int(options.get("num_stages", 1))
+    return None if stages <= 1 else {**options, "num_stages": stages - 1}
 
 
 def _is_compiled(compiled: object) -> bool:

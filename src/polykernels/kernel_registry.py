@@ -81,6 +81,7 @@ def compile_here(name: str, target: str) -> dict[str, Any]:
     from triton.compiler import ASTSource
 
     from polykernels import platform
+    from polykernels._launch import fewer_stages
 
     spec = kernels()[name]
     fn = getattr(importlib.import_module(spec.module), spec.function)
@@ -93,18 +94,17 @@ def compile_here(name: str, target: str) -> dict[str, Any]:
     aligned = {(fn.arg_names.index(arg),): [["tt.divisibility", 16]]
                for arg, kind in spec.signature.items() if kind.startswith("*")}
     source = ASTSource(fn, signature=spec.signature, constexprs=constexprs, attrs=aligned)
-    options = dict(spec.options)
+    options: dict[str, Any] | None = dict(spec.options)
     limit = platform.SHARED_MEMORY_PER_BLOCK.get(platform.for_triton_target(target).arch or "")
     while True:
         compiled = triton.compile(source, target=_gpu_target(target), options=options)
         shared = int(getattr(compiled.metadata, "shared", 0))
         if limit is None or shared <= limit:
             break
-        # As the launcher does (polykernels._launch): one pipeline stage fewer until it fits.
-        if options.get("num_stages", 1) <= 1:
+        options = fewer_stages(options)  # as the launcher falls back on the device
+        if options is None:
             raise RuntimeError(f"{name} needs {shared} bytes of shared memory per program even with one "
                                f"pipeline stage; {target} has {limit}: it cannot launch there")
-        options["num_stages"] = options.get("num_stages", 1) - 1
     binary = next((k for k in ("cubin", "hsaco") if k in compiled.asm), None)
     return {"kernel": name, "target": target, "ok": True, "binary": binary,
             "bytes": len(compiled.asm[binary]) if binary else 0,

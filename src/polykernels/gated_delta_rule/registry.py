@@ -60,12 +60,16 @@ def _fp32(signature: dict[str, str]) -> dict[str, str]:
     return {name: "*fp32" if kind == "*bf16" else kind for name, kind in signature.items()}
 
 
+def _precision_fp32() -> dict[str, str]:
+    return {"DOT_PRECISION": dot_precision(fp32_inputs=True)}
+
+
 # fp32 inputs too: their pipeline stages take twice the shared memory (three do not fit an H200 at
 # K = 128; the launcher then drops one, and the matrix shows how many fit on each target).
 for _name, _segment_state, _signature, _precise in (
     ("gdn_recurrence", False, _RECURRENCE_SIGNATURE, _precision),
     ("gdn_segment_state", True, _RECURRENCE_SIGNATURE, _precision),
-    ("gdn_recurrence_fp32", False, _fp32(_RECURRENCE_SIGNATURE), lambda: {"DOT_PRECISION": dot_precision(True)}),
+    ("gdn_recurrence_fp32", False, _fp32(_RECURRENCE_SIGNATURE), _precision_fp32),
 ):
     register(KernelSpec(
         name=_name, module=_PASSES, function="gdn_recurrence_kernel", signature=_signature,
