@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.registry import FAMILIES
-from benchmarks.timing import copy_bandwidth_gbs, graph_ms, host_us, median_ms
+from benchmarks.timing import copy_bandwidth_gbs, graph_ms, host_us, launch_floor_us, median_ms
 
 
 def versions() -> dict[str, str | None]:
@@ -42,6 +42,7 @@ def _time(fn: object, clock: object, label: str) -> float | None:
 def run(families: list[str], device: str, cases: list[str] | None = None,
         rows_log: Path | None = None) -> dict[str, object]:
     copy = copy_bandwidth_gbs(device)
+    floor = launch_floor_us(device)
     rows = []
     for family in families:
         for case in FAMILIES[family](device):
@@ -70,6 +71,7 @@ def run(families: list[str], device: str, cases: list[str] | None = None,
                 if rows_log is not None:
                     with rows_log.open("a") as log:
                         log.write(json.dumps({**rows[-1], "copy_gb_per_s": round(copy, 1),
+                                              "launch_floor_host_us": round(floor, 1),
                                               "date": datetime.now(timezone.utc).isoformat(timespec="seconds")})
                                   + "\n")
                 print(f"{case.family:22} {case.name:36} {impl:32} eager {eager or float('nan'):8.4f} ms  "
@@ -81,6 +83,7 @@ def run(families: list[str], device: str, cases: list[str] | None = None,
         "device": torch.cuda.get_device_name(0),
         "versions": versions(),
         "copy_gb_per_s": round(copy, 1),
+        "launch_floor_host_us": round(floor, 1),
         "command": "nox -s bench -- " + " ".join(sys.argv[1:]),
         "rows": rows,
     }
@@ -93,7 +96,8 @@ def _cell(value: object) -> str:
 def to_markdown(result: dict[str, object]) -> str:
     lines = [
         f"Measured {result['date']} on {result['device']}; versions {json.dumps(result['versions'])}; "
-        f"copy roofline {result['copy_gb_per_s']} GB/s (same run). Command: `{result['command']}`.",
+        f"copy roofline {result['copy_gb_per_s']} GB/s; host time of a one-kernel torch op "
+        f"{result['launch_floor_host_us']} us (the launch floor); same run. Command: `{result['command']}`.",
         "GB/s, % of copy and TFLOP/s from the CUDA-graph (GPU) time; speedup = peer time / polykernels time.",
         "",
         "| op | case | implementation | eager ms | GPU ms | host us | GB/s | % of copy | TFLOP/s "

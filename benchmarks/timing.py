@@ -51,3 +51,10 @@ def copy_bandwidth_gbs(device: str = "cuda", gib: float = 1.0) -> float:
     # eager copy's bandwidth on the H200 (2716 vs 4251 GB/s), below what the norm kernels reach.
     ms = median_ms(lambda: dst.copy_(src))
     return 2 * src.numel() / (ms * 1e-3) / 1e9
+
+
+def launch_floor_us(device: str = "cuda") -> float:
+    """Host time of a one-kernel torch op (an in-place add on one element): what any op's host
+    column stands on, since launch costs differ between machines (a virtualized GPU's are higher)."""
+    one = torch.zeros(1, device=device)
+    return host_us(lambda: one.add_(1.0), calls=200)

@@ -12,6 +12,7 @@ options. Anything else (the interpreter, launch hooks set by a profiler) takes T
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +31,16 @@ def _arg_key(arg: object) -> object:
     if isinstance(arg, float):
         return "f"
     return None if arg is None else type(arg)
+
+
+def _args_key(args: Sequence[object]) -> tuple:
+    """``_arg_key`` of every argument, with the two common kinds inline: this runs on every launch."""
+    return tuple([
+        (arg.dtype, not arg.data_ptr() & 15) if type(arg) is torch.Tensor
+        else ("i", arg == 1, not arg % 16, _INT32_MIN <= arg <= _INT32_MAX) if type(arg) is int
+        else _arg_key(arg)
+        for arg in args
+    ])
 
 
 class Launcher:
@@ -51,8 +62,8 @@ class Launcher:
         if self._interpreted:
             self.kernel[grid](*args, **meta)
             return
-        device = torch.cuda.current_device()
-        key = (device, *meta.values(), *map(_arg_key, args))
+        device = torch._C._cuda_getDevice()
+        key = (device, *meta.values(), _args_key(args))
         entry = self._compiled.get(key)
         if entry is not None and _no_hooks():
             compiled, constexpr_tail = entry
@@ -101,9 +112,15 @@ def _is_compiled(compiled: object) -> bool:
 
 def _no_hooks() -> bool:
     """No launch hook is registered (a profiler such as proton adds some): the direct call skips them."""
+    runtime = _runtime_knobs()
+    return _empty(runtime.launch_enter_hook) and _empty(runtime.launch_exit_hook)
+
+
+@functools.cache
+def _runtime_knobs() -> Any:
     from triton import knobs
 
-    return _empty(knobs.runtime.launch_enter_hook) and _empty(knobs.runtime.launch_exit_hook)
+    return knobs.runtime
 
 
 def _empty(hook: object) -> bool:

@@ -69,6 +69,14 @@ def plan_segments(
     return SegmentPlan(segments=segments, segment_chunks=-(-chunks // segments), block_v=block_v, reason=why)
 
 
+@functools.lru_cache(maxsize=1024)
+def _cached_plan(num_seqs: int, total_tokens: int, value_heads: int, sm_count: int, num_segments: int | None,
+                 key_dim: int, value_dim: int) -> SegmentPlan:
+    """plan_segments per class of call: deciding costs more host time than a launch."""
+    return plan_segments(num_seqs, total_tokens, value_heads, sm_count, num_segments, key_dim=key_dim,
+                         value_dim=value_dim)
+
+
 @functools.cache
 def _launchers() -> SimpleNamespace:
     from polykernels._launch import Launcher
@@ -130,8 +138,7 @@ def launch_chunk_gated_delta_rule(
             final.copy_(initial_state if initial_state is not None else torch.zeros_like(final))
         return o, final if output_final_state else None
 
-    plan = plan_segments(num_seqs, total, value_heads, platform.sm_count(device), num_segments, key_dim=key_dim,
-                         value_dim=value_dim)
+    plan = _cached_plan(num_seqs, total, value_heads, platform.sm_count(device), num_segments, key_dim, value_dim)
     # 0: each sequence is one segment (the plan kernel then counts one segment per sequence).
     segment_chunks = plan.segment_chunks if plan.segments > 1 else 0
     precision = guards.dot_precision(fp32_inputs=q.dtype == torch.float32)
@@ -274,11 +281,23 @@ def _run(
     initial_state: torch.Tensor | None, output_final_state: bool, cu_seqlens: torch.Tensor | None,
     use_qk_l2norm_in_kernel: bool, num_segments: int | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    if guards.choose(q.device.type).path == "triton":
+    if _path(q.device.type) == "triton":
         return launch_chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
                                              use_qk_l2norm_in_kernel, num_segments)
     return chunk_gated_delta_rule_torch(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
                                         use_qk_l2norm_in_kernel)
+
+
+def _path(device_type: str) -> str:
+    """guards.choose's path, decided once per (device type, platform)."""
+    key = (device_type, platform.current())
+    path = _paths.get(key)
+    if path is None:
+        path = _paths[key] = guards.choose(device_type).path
+    return path
+
+
+_paths: dict[tuple, str] = {}
 
 
 def _check_flag(value: object, name: str) -> bool:

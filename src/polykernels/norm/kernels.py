@@ -45,46 +45,72 @@ def norm_modulate_kernel(
     ROWS: tl.constexpr,
     IS_RMS: tl.constexpr,
     EXACT_PTX: tl.constexpr,
-    TILE_MODULATION: tl.constexpr,
+    PER_SAMPLE: tl.constexpr,
     STORE_STATS: tl.constexpr,
     STAGES: tl.constexpr,
 ):
-    # ROWS rows per step; a program steps through blocks pid, pid + programs, ... so that a grid
-    # of a few programs per SM can prefetch its next block while it works on this one (STAGES).
-    # TILE_MODULATION: a block's rows belong to one sample and the modulation is per sample, so
-    # shift/scale are loaded as one row and broadcast.
+    # PER_SAMPLE (shift/scale per sample): grid (programs, samples); a program loads its sample's
+    # 1 + scale, shift (and weight) once and steps through that sample's row blocks pid, pid +
+    # programs, ..., with the next blocks' loads in flight (STAGES). Reloading the modulation for
+    # every block cost 10% at FLUX's sizes. Else grid (programs, 1) over all rows, modulation per row.
+    # x is read once and y written once: streaming cache hints keep them from evicting the rest.
     # Offsets in int64 (row is int64): rows x D passes 2^31 for long FLUX sequences at large batch.
     cols = tl.arange(0, BLOCK_D)
     col_mask = cols < D
-    num_blocks = tl.cdiv(rows, ROWS)
-    for block in tl.range(tl.program_id(0), num_blocks, tl.num_programs(0), num_stages=STAGES):
-        _norm_rows(X, Y, W, SHIFT, SCALE, MEAN, RSTD, block * ROWS, cols, col_mask, rows, L, D,
-                   stride_shift_b, stride_shift_l, stride_scale_b, stride_scale_l, eps,
-                   ROWS, IS_RMS, EXACT_PTX, TILE_MODULATION, STORE_STATS)
+    if IS_RMS:
+        weight = tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    else:
+        weight = tl.zeros([1, BLOCK_D], dtype=tl.float32)
+    batch = tl.program_id(1).to(tl.int64)  # 0 unless PER_SAMPLE
+    first_row = batch * L
+    if PER_SAMPLE:
+        span = L
+        sample_scale = tl.load(SCALE + batch * stride_scale_b + cols, mask=col_mask, other=0.0)
+        sample_shift = tl.load(SHIFT + batch * stride_shift_b + cols, mask=col_mask, other=0.0)
+        sample_gain = _gain(sample_scale.to(tl.float32)[None, :], weight, IS_RMS, EXACT_PTX)
+        sample_shift = sample_shift.to(tl.float32)[None, :]
+    else:
+        span = rows
+    for block in tl.range(tl.program_id(0), tl.cdiv(span, ROWS), tl.num_programs(0), num_stages=STAGES):
+        local = block * ROWS + tl.arange(0, ROWS)
+        row = first_row + local.to(tl.int64)
+        row_mask = local < span
+        mask = row_mask[:, None] & col_mask[None, :]
+        x = tl.load(X + row[:, None] * D + cols[None, :], mask=mask, other=0.0,
+                    eviction_policy="evict_first").to(tl.float32)
+        if PER_SAMPLE:
+            gain = sample_gain
+            shift = sample_shift
+        else:
+            scale_at = (row // L) * stride_scale_b + (row % L) * stride_scale_l
+            shift_at = (row // L) * stride_shift_b + (row % L) * stride_shift_l
+            scale = tl.load(SCALE + scale_at[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            shift = tl.load(SHIFT + shift_at[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            gain = _gain(scale, weight, IS_RMS, EXACT_PTX)
+        y, mean, rstd = _norm_rows(x, mask, gain, shift, weight, D, eps, ROWS, IS_RMS, EXACT_PTX)
+        tl.store(Y + row[:, None] * D + cols[None, :], y.to(Y.dtype.element_ty), mask=mask, cache_modifier=".cs")
+        if STORE_STATS:
+            tl.store(MEAN + row, mean, mask=row_mask)
+            tl.store(RSTD + row, rstd, mask=row_mask)
 
 
 @triton.jit
-def _norm_rows(
-    X, Y, W, SHIFT, SCALE, MEAN, RSTD, first_row, cols, col_mask, rows, L, D,
-    stride_shift_b, stride_shift_l, stride_scale_b, stride_scale_l, eps,
-    ROWS: tl.constexpr, IS_RMS: tl.constexpr, EXACT_PTX: tl.constexpr, TILE_MODULATION: tl.constexpr,
-    STORE_STATS: tl.constexpr,
-):
-    row = first_row + tl.arange(0, ROWS).to(tl.int64)
-    row_mask = row < rows
-    mask = row_mask[:, None] & col_mask[None, :]
-    x = tl.load(X + row[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    if TILE_MODULATION:
-        batch = first_row // L
-        scale = tl.load(SCALE + batch * stride_scale_b + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-        shift = tl.load(SHIFT + batch * stride_shift_b + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-    else:
-        batch = row // L
-        token = row % L
-        scale = tl.load(SCALE + (batch * stride_scale_b + token * stride_scale_l)[:, None] + cols[None, :],
-                        mask=mask, other=0.0).to(tl.float32)
-        shift = tl.load(SHIFT + (batch * stride_shift_b + token * stride_shift_l)[:, None] + cols[None, :],
-                        mask=mask, other=0.0).to(tl.float32)
+def _gain(scale, weight, IS_RMS: tl.constexpr, EXACT_PTX: tl.constexpr):
+    """What the normalized row is multiplied by: 1 + scale; the portable RMSNorm folds its weight in.
+
+    The exact epilogue multiplies by the weight apart, as eager does, so the gain is 1 + scale alone.
+    """
+    if EXACT_PTX:
+        return _add_rn(scale, 1.0)
+    if IS_RMS:
+        return (1.0 + scale) * weight
+    return 1.0 + scale
+
+
+@triton.jit
+def _norm_rows(x, mask, gain, shift, weight, D, eps, ROWS: tl.constexpr, IS_RMS: tl.constexpr,
+               EXACT_PTX: tl.constexpr):
+    """(y, mean, rstd) of ROWS rows of x; mean is 0 for RMSNorm."""
     if IS_RMS:
         mean = tl.zeros([ROWS], dtype=tl.float32)
         centered = x
@@ -96,18 +122,12 @@ def _norm_rows(
         rstd = _rsqrt_rn(var + eps)
         normed = _mul_rn(centered, rstd[:, None])
         if IS_RMS:
-            normed = _mul_rn(normed, tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :])
-        y = _add_rn(_mul_rn(normed, _add_rn(scale, 1.0)), shift)
+            normed = _mul_rn(normed, weight)
+        y = _add_rn(_mul_rn(normed, gain), shift)
     else:
         rstd = tl.math.rsqrt(var + eps)
-        normed = centered * rstd[:, None]
-        if IS_RMS:
-            normed = normed * tl.load(W + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-        y = normed * (1.0 + scale) + shift
-    tl.store(Y + row[:, None] * D + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
-    if STORE_STATS:
-        tl.store(MEAN + row, mean, mask=row_mask)
-        tl.store(RSTD + row, rstd, mask=row_mask)
+        y = centered * rstd[:, None] * gain + shift
+    return y, mean, rstd
 
 
 @triton.jit
@@ -145,8 +165,8 @@ NORM_LAUNCH: dict[int, tuple[int, int]] = {
 # The modulated norms on inputs of at least PERSISTENT_MIN_ROWS_PER_SM rows per SM: (ROWS,
 # num_warps, programs per SM, STAGES): a grid of a few programs per SM, each stepping through row
 # blocks with the next blocks' loads in flight. H200 sweep at D 3072 (BENCHMARKS.md, "FLUX norms:
-# a persistent grid"): 9-10% less GPU time than one program per block at B4 L4608 and B2 L4096, 9% at B1
-# L4608; slower at B1 L1024 (1024 rows), hence the threshold.
+# a persistent grid" and "per-sample programs"): 9-10% less GPU time than one program per block at
+# B4 L4608 and B2 L4096, 9% at B1 L4608; slower at B1 L1024 (1024 rows), hence the threshold.
 NORM_PERSISTENT: dict[int, tuple[int, int, int, int]] = {4096: (2, 8, 2, 3)}
 PERSISTENT_MIN_ROWS_PER_SM = 16
 
@@ -157,7 +177,7 @@ def launch_config(block_d: int) -> tuple[int, int]:
 
 
 def modulated_launch_config(block_d: int, rows: int, sm_count: int) -> tuple[int, int, int, int]:
-    """(rows per block, num_warps, programs or 0 for one per block, stages) of the modulated norms."""
+    """(rows per block, num_warps, programs in all or 0 for one per block, stages) of the modulated norms."""
     persistent = NORM_PERSISTENT.get(max(16, block_d))
     if persistent is not None and rows >= PERSISTENT_MIN_ROWS_PER_SM * sm_count:
         rows_per_block, num_warps, per_sm, stages = persistent

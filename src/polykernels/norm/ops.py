@@ -91,20 +91,42 @@ def _launchers() -> SimpleNamespace:
 
 
 def _norm_meta(x: torch.Tensor, weight: torch.Tensor | None, strides: tuple[int, int, int, int], exact: bool,
-               stats: bool) -> tuple[tuple[int], dict[str, object]]:
+               stats: bool) -> tuple[tuple[int, int], dict[str, object]]:
+    """The grid and constexprs of the modulated norms: (programs, samples) when the modulation is
+    per sample (each program then loads it once), else (programs, 1) over all rows. Cached per
+    class of call: computing them costs more host time than the launch."""
+    per_sample = strides[1] == 0 and strides[3] == 0
+    key = (x.shape, x.device, weight is None, per_sample, exact, stats)
+    found = _meta_cache.get(key)
+    if found is None:
+        found = _meta_cache[key] = _norm_launch(x, weight is not None, per_sample, exact, stats)
+    return found
+
+
+_meta_cache: dict[tuple, tuple[tuple[int, int], dict[str, object]]] = {}
+
+
+def _norm_launch(x: torch.Tensor, rms: bool, per_sample: bool, exact: bool,
+                 stats: bool) -> tuple[tuple[int, int], dict[str, object]]:
     from polykernels.norm.kernels import modulated_launch_config
 
     batch, tokens, dim = x.shape
     block = _next_power_of_2(dim)
     rows_per_block, num_warps, programs, stages = modulated_launch_config(block, batch * tokens,
                                                                       platform.sm_count(x.device))
-    per_sample = strides[1] == 0 and strides[3] == 0
-    blocks = -(-(batch * tokens) // rows_per_block)
-    return (min(blocks, programs) if programs else blocks,), {
-        "BLOCK_D": block, "ROWS": rows_per_block, "IS_RMS": weight is not None, "EXACT_PTX": exact,
-        "TILE_MODULATION": per_sample and tokens % rows_per_block == 0, "STORE_STATS": stats,
-        "STAGES": stages, "num_warps": num_warps, "num_stages": 1,
+    per_sample = per_sample and batch <= _MAX_GRID_Y
+    span = tokens if per_sample else batch * tokens
+    blocks = -(-span // rows_per_block)
+    if programs:
+        blocks = min(blocks, -(-programs // batch) if per_sample else programs)
+    return (blocks, batch if per_sample else 1), {
+        "BLOCK_D": block, "ROWS": rows_per_block, "IS_RMS": rms, "EXACT_PTX": exact,
+        "PER_SAMPLE": per_sample, "STORE_STATS": stats, "STAGES": stages, "num_warps": num_warps, "num_stages": 1,
     }
+
+
+# Grid axis 1 holds the samples of a per-sample modulation (CUDA's limit for that axis).
+_MAX_GRID_Y = 65535
 
 
 def _next_power_of_2(n: int) -> int:
@@ -113,10 +135,13 @@ def _next_power_of_2(n: int) -> int:
 
 def _launch_norm(
     x: torch.Tensor, weight: torch.Tensor | None, shift: torch.Tensor, scale: torch.Tensor, eps: float, exact: bool,
-    stats: bool = False,
+    stats: bool = False, strides: tuple[int, int, int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Runs the Triton row kernel; returns (y, mean, rstd), the statistics only when asked (mean is 0 for RMS)."""
-    strides = (*_check_modulation(shift, "shift", x), *_check_modulation(scale, "scale", x))
+    """Runs the Triton row kernel; returns (y, mean, rstd), the statistics only when asked (mean is 0 for RMS).
+
+    ``strides``: the modulation strides when the caller has checked shift and scale already."""
+    if strides is None:
+        strides = (*_check_modulation(shift, "shift", x), *_check_modulation(scale, "scale", x))
     grid, meta = _norm_meta(x, weight, strides, exact, stats)
     y = torch.empty_like(x)
     rows = x.shape[0] * x.shape[1]
@@ -256,12 +281,11 @@ def _norm_modulate(
     x: torch.Tensor, weight: torch.Tensor | None, shift: torch.Tensor, scale: torch.Tensor, eps: float
 ) -> torch.Tensor:
     """The two modulated norms after their own checks: LayerNorm when ``weight`` is None, else RMSNorm."""
-    _check_modulation(shift, "shift", x)
-    _check_modulation(scale, "scale", x)
+    strides = (*_check_modulation(shift, "shift", x), *_check_modulation(scale, "scale", x))
     if _eager_gpu(x):
         path = _gpu_path(x, exact_epilogue=True)
         if path != "torch":
-            return _launch_norm(x, weight, shift, scale, eps, exact=path == "ptx")[0]
+            return _launch_norm(x, weight, shift, scale, eps, exact=path == "ptx", strides=strides)[0]
     if weight is None:
         return _layernorm_modulate_op(x, shift, scale, eps)
     return _rmsnorm_scale_shift_op(x, weight, shift, scale, eps)

@@ -13,12 +13,12 @@ _NORM_SIGNATURE = {
     "X": "*bf16", "Y": "*bf16", "W": "*bf16", "SHIFT": "*bf16", "SCALE": "*bf16", "MEAN": "*fp32", "RSTD": "*fp32",
     "rows": "i32", "L": "i32", "D": "i32", "stride_shift_b": "i32", "stride_shift_l": "i32", "stride_scale_b": "i32",
     "stride_scale_l": "i32", "eps": "fp32", "BLOCK_D": "constexpr", "ROWS": "constexpr", "IS_RMS": "constexpr",
-    "EXACT_PTX": "constexpr", "TILE_MODULATION": "constexpr", "STORE_STATS": "constexpr",
+    "EXACT_PTX": "constexpr", "PER_SAMPLE": "constexpr", "STORE_STATS": "constexpr",
     "STAGES": "constexpr",
 }
 # FLUX's D 3072 on the persistent grid, as the launcher runs it (norm/kernels.py's tables).
 _ROWS, _WARPS, _, _STAGES = NORM_PERSISTENT[4096]
-_SHAPE = {"BLOCK_D": 4096, "ROWS": _ROWS, "TILE_MODULATION": True, "STORE_STATS": False, "STAGES": _STAGES}
+_SHAPE = {"BLOCK_D": 4096, "ROWS": _ROWS, "PER_SAMPLE": True, "STORE_STATS": False, "STAGES": _STAGES}
 _OPTIONS = {"num_warps": _WARPS, "num_stages": 1}
 _QK_ROWS, _QK_WARPS = NORM_LAUNCH[128]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from polykernels import _extension
+from polykernels.platform import Choice
 from polykernels.quant.guards import GROUP_SIZES, choose_path
 
 _SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -70,9 +71,38 @@ def check_arguments(x: object, group_size: object, symmetric: object = True) -> 
     # Kernel availability is a property of the process, checked in eager mode only (dynamo
     # cannot trace the library lookup, and a traced call was checked when it ran eagerly).
     if x.device.type != "meta" and not torch.compiler.is_compiling():
-        choice = choose_path(x.device.type)
+        choice = _kernel_choice(x.device.type)
         if not choice.ok:
             raise RuntimeError(f"fake_int4_quant: no kernel for x on {x.device}: {choice.reason}")
+
+
+_choices: dict[str, Choice] = {}
+
+
+def _kernel_choice(device_type: str) -> Choice:
+    """The kernel per device type, looked up once: the extension's kernels do not change in a process."""
+    choice = _choices.get(device_type)
+    if choice is None:
+        choice = _choices[device_type] = choose_path(device_type)
+    return choice
+
+
+# The backend kernel's key: CUDA and ROCm tensors both dispatch as CUDA.
+_GPU_KERNEL = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
+
+
+def _call(op: torch._ops.OpOverloadPacket, x: torch.Tensor, group_size: int, symmetric: bool) -> tuple:
+    """The op, straight to its GPU kernel when nothing above it has work to do.
+
+    Through the dispatcher an eager call first enters the Python autograd wrapper (the
+    straight-through gradient), about as much host time as the kernel of a small tensor takes.
+    A plain GPU tensor that needs no gradient, outside torch.compile and any dispatch mode,
+    goes to the kernel directly; everything else takes the full path.
+    """
+    if (type(x) is torch.Tensor and x.is_cuda and not (x.requires_grad and torch.is_grad_enabled())
+            and not torch._C._len_torch_dispatch_stack() and not torch.compiler.is_compiling()):
+        return op.default.redispatch(_GPU_KERNEL, x, group_size, symmetric)
+    return op(x, group_size, symmetric)
 
 
 def fake_int4_quant(
@@ -96,7 +126,7 @@ def fake_int4_quant(
     """
     check_arguments(x, group_size, symmetric)
     _register_python_side()
-    return torch.ops.polykernels.fake_int4_quant(x, group_size, symmetric)
+    return _call(torch.ops.polykernels.fake_int4_quant, x, group_size, symmetric)
 
 
 def int4_quant_codes(
@@ -105,4 +135,4 @@ def int4_quant_codes(
     """Like :func:`fake_int4_quant` but returns the int8 codes instead of dequantized values (exporters)."""
     check_arguments(x, group_size, symmetric)
     _register_python_side()
-    return torch.ops.polykernels.int4_quant_codes(x, group_size, symmetric)
+    return _call(torch.ops.polykernels.int4_quant_codes, x, group_size, symmetric)

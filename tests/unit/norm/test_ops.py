@@ -129,7 +129,7 @@ def test_op_asks_for_ptx_only_where_guard_allows(monkeypatch, seen, expected_fla
     from polykernels.norm import ops
 
     flags = []
-    monkeypatch.setattr(ops, "_launch_norm", lambda *a, exact: flags.append(exact) or (a[0].clone(), None, None))
+    monkeypatch.setattr(ops, "_launch_norm", lambda *a, exact, **_: flags.append(exact) or (a[0].clone(), None, None))
     monkeypatch.setattr(ops, "_eager_gpu", lambda x: True)
     real_choose = ops.guards.choose
     monkeypatch.setattr(ops.guards, "choose", lambda device_type, *a, **k: real_choose("cuda", *a, **k))
