@@ -71,9 +71,11 @@ def sweep_gdn_launch(device: str) -> list[dict]:
                 for table, value in zip(tables, (block_v, launch, prepare), strict=True):
                     if value is not None:
                         table[128] = value
+                chunk._cached_plan.cache_clear()  # the plan holds the V tile the table chose
                 row[f"{label}: {block_v, launch, prepare}"] = round(graph_ms(call), 4)
                 for table, original in zip(tables, originals, strict=True):
                     table.update(original)
+                chunk._cached_plan.cache_clear()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(3):
                 call()
@@ -87,7 +89,7 @@ def sweep_gdn_launch(device: str) -> list[dict]:
 
 def sweep_norm(device: str) -> list[dict]:
     """GPU time per (rows per block, warps, programs per SM or 0 for one per block, stages) at D 3072."""
-    from polykernels.norm import kernels, layernorm_modulate, qk_rmsnorm, rmsnorm_scale_shift
+    from polykernels.norm import kernels, layernorm_modulate, ops, qk_rmsnorm, rmsnorm_scale_shift
 
     results = []
     launch, persistent = dict(kernels.NORM_LAUNCH), dict(kernels.NORM_PERSISTENT)
@@ -108,11 +110,13 @@ def sweep_norm(device: str) -> list[dict]:
             kernels.NORM_LAUNCH[4096] = (rows, warps)
             kernels.NORM_PERSISTENT[4096] = (rows, warps, per_sm, stages)
             kernels.PERSISTENT_MIN_ROWS_PER_SM = 0 if per_sm else 2**40
+            ops._norm_launch.cache_clear()  # launch parameters are cached per class of call
             row[f"{rows}x{warps} {per_sm}/SM x{stages}"] = round(graph_ms(call), 4)
         kernels.NORM_LAUNCH.update(launch)
         kernels.NORM_PERSISTENT.clear()
         kernels.NORM_PERSISTENT.update(persistent)
         kernels.PERSISTENT_MIN_ROWS_PER_SM = threshold
+        ops._norm_launch.cache_clear()
         print(json.dumps(row), flush=True)
         results.append(row)
     q = torch.randn(1, 4608, 24, 128, device=device, dtype=torch.bfloat16)

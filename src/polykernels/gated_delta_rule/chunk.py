@@ -72,7 +72,8 @@ def plan_segments(
 @functools.lru_cache(maxsize=1024)
 def _cached_plan(num_seqs: int, total_tokens: int, value_heads: int, sm_count: int, num_segments: int | None,
                  key_dim: int, value_dim: int) -> SegmentPlan:
-    """plan_segments per class of call: deciding costs more host time than a launch."""
+    """plan_segments per class of call: deciding costs more host time than a launch. A sweep that
+    edits the launch tables clears it."""
     return plan_segments(num_seqs, total_tokens, value_heads, sm_count, num_segments, key_dim=key_dim,
                          value_dim=value_dim)
 
@@ -290,14 +291,12 @@ def _run(
 
 def _path(device_type: str) -> str:
     """guards.choose's path, decided once per (device type, platform)."""
-    key = (device_type, platform.current())
-    path = _paths.get(key)
-    if path is None:
-        path = _paths[key] = guards.choose(device_type).path
-    return path
+    return _path_on(device_type, platform.current())
 
 
-_paths: dict[tuple, str] = {}
+@functools.cache
+def _path_on(device_type: str, seen: platform.Platform) -> str:
+    return guards.choose(device_type).path
 
 
 def _check_flag(value: object, name: str) -> bool:

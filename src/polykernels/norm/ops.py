@@ -93,27 +93,22 @@ def _launchers() -> SimpleNamespace:
 def _norm_meta(x: torch.Tensor, weight: torch.Tensor | None, strides: tuple[int, int, int, int], exact: bool,
                stats: bool) -> tuple[tuple[int, int], dict[str, object]]:
     """The grid and constexprs of the modulated norms: (programs, samples) when the modulation is
-    per sample (each program then loads it once), else (programs, 1) over all rows. Cached per
-    class of call: computing them costs more host time than the launch."""
+    per sample (each program then loads it once), else (programs, 1) over all rows."""
     per_sample = strides[1] == 0 and strides[3] == 0
-    key = (x.shape, x.device, weight is None, per_sample, exact, stats)
-    found = _meta_cache.get(key)
-    if found is None:
-        found = _meta_cache[key] = _norm_launch(x, weight is not None, per_sample, exact, stats)
-    return found
+    return _norm_launch(x.shape, x.device, weight is not None, per_sample, exact, stats)
 
 
-_meta_cache: dict[tuple, tuple[tuple[int, int], dict[str, object]]] = {}
-
-
-def _norm_launch(x: torch.Tensor, rms: bool, per_sample: bool, exact: bool,
+# Per class of call (computing it costs more host time than the launch); bounded, since a server
+# sees many sequence lengths. A sweep that edits the launch tables clears it.
+@functools.lru_cache(maxsize=256)
+def _norm_launch(shape: torch.Size, device: torch.device, rms: bool, per_sample: bool, exact: bool,
                  stats: bool) -> tuple[tuple[int, int], dict[str, object]]:
     from polykernels.norm.kernels import modulated_launch_config
 
-    batch, tokens, dim = x.shape
+    batch, tokens, dim = shape
     block = _next_power_of_2(dim)
     rows_per_block, num_warps, programs, stages = modulated_launch_config(block, batch * tokens,
-                                                                      platform.sm_count(x.device))
+                                                                      platform.sm_count(device))
     per_sample = per_sample and batch <= _MAX_GRID_Y
     span = tokens if per_sample else batch * tokens
     blocks = -(-span // rows_per_block)

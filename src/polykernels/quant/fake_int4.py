@@ -8,10 +8,11 @@ name the argument.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from polykernels import _extension
-from polykernels.platform import Choice
 from polykernels.quant.guards import GROUP_SIZES, choose_path
 
 _SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -76,15 +77,8 @@ def check_arguments(x: object, group_size: object, symmetric: object = True) -> 
             raise RuntimeError(f"fake_int4_quant: no kernel for x on {x.device}: {choice.reason}")
 
 
-_choices: dict[str, Choice] = {}
-
-
-def _kernel_choice(device_type: str) -> Choice:
-    """The kernel per device type, looked up once: the extension's kernels do not change in a process."""
-    choice = _choices.get(device_type)
-    if choice is None:
-        choice = _choices[device_type] = choose_path(device_type)
-    return choice
+# The kernel per device type, looked up once: the extension's kernels do not change in a process.
+_kernel_choice = functools.cache(choose_path)
 
 
 # The backend kernel's key: CUDA and ROCm tensors both dispatch as CUDA.
