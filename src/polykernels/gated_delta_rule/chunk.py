@@ -158,7 +158,8 @@ def launch_chunk_gated_delta_rule(
                      seg_offsets=seg_offsets, max_chunks=max_chunks, num_seqs=num_seqs, varlen=varlen, log_n=log_n)
     initial = initial_state.float().contiguous() if initial_state is not None else final
     flags = {"has_initial": initial_state is not None, "output_final_state": output_final_state,
-             "l2norm": use_qk_l2norm_in_kernel, "precision": precision}
+             "l2norm": use_qk_l2norm_in_kernel, "precision": precision,
+             "inverse_precision": guards.inverse_precision(fp32_inputs=q.dtype == torch.float32)}
     _launch_passes(q, k, v, g, beta, scale, initial, o, final, tables, segment_chunks, plan.block_v, **flags)
     return o, final if output_final_state else None
 
@@ -180,6 +181,7 @@ def _launch_passes(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, scale: float,
     initial: torch.Tensor, o: torch.Tensor, final: torch.Tensor, tables: _Tables, segment_chunks: int,
     block_v: int, *, has_initial: bool, output_final_state: bool, l2norm: bool, precision: str,
+    inverse_precision: str,
 ) -> None:
     """The parallel prepare pass, then the sequential pass (context-parallel when segment_chunks > 0)."""
     run = _launchers()
@@ -206,7 +208,7 @@ def _launch_passes(
         (q, k, v, g, beta, w, u, scores, q_scale, k_scale, decay, tables.cu, tables.chunk_offsets, tokens, num_seqs,
          chunks_per_seq, scale),
         **{**shape, "BK": prep_block_k}, BV=prep_bv, NV=-(-value_dim // prep_bv), L2NORM=l2norm, **where,
-        num_warps=prep_warps, num_stages=1,
+        INVERSE_PRECISION=inverse_precision, num_warps=prep_warps, num_stages=1,
     )
     value_tiles = -(-value_dim // block_v)
     if segment_chunks:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from polykernels import platform
 from polykernels.platform import Choice
 
@@ -20,7 +22,8 @@ def choose(device_type: str) -> Choice:
 
 
 def dot_precision(fp32_inputs: bool) -> str:
-    """Triton input_precision for the kernels' fp32-operand dots (the (I + A)^-1 products).
+    """Triton input_precision for the kernels' fp32-operand dots (the combine pass's transitions;
+    every product of fp32 inputs but the inverse's, which ``inverse_precision`` sets).
 
     fp32 inputs keep IEEE products (the spec's 1e-4 bound); 16-bit inputs use TF32 where the
     platform has it and three bf16 passes (about as accurate) where it does not (gfx950).
@@ -30,6 +33,22 @@ def dot_precision(fp32_inputs: bool) -> str:
     if platform.backend() == "rocm" and not platform.has_tf32_dots():
         return "bf16x3"
     return "tf32"  # NVIDIA, gfx942, and the CPU interpreter (which ignores it)
+
+
+def inverse_precision(fp32_inputs: bool) -> str:
+    """Operand precision of the (I + A)^-1 products in the prepare pass (kernels._product).
+
+    fp32 inputs keep IEEE products. For 16-bit inputs the products round their operands to bf16
+    (fp32 accumulation): on the H200 that made the prepare pass 1.19x faster than TF32 and moved
+    w and u by 4-5e-4 relative, below the rounding of w and u to the inputs' dtype itself
+    (BENCHMARKS.md, "bf16 inverse"). bf16 dots exist on every target (sm_80+, gfx942, gfx950).
+    Triton's CPU interpreter (the CPU tests) multiplies the bit patterns of the bf16 values it
+    converts itself, so there the products stay fp32; the GPU tests and the compile matrix
+    cover the bf16 products.
+    """
+    if fp32_inputs or os.environ.get("TRITON_INTERPRET") == "1":
+        return "ieee"
+    return "bf16"
 
 
 def describe() -> dict[str, Choice]:

@@ -94,14 +94,24 @@ def _segment(i_s, CU, SEG_OFFSETS, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN: tl.co
 
 
 @triton.jit
-def _unit_lower_inverse(a, N: tl.constexpr, LEVELS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _product(x, y, PRECISION: tl.constexpr):
+    """x @ y of fp32 tiles: "bf16" rounds the operands to bf16 (fp32 accumulation), else a Triton precision."""
+    if PRECISION == "bf16":
+        product = tl.dot(x.to(tl.bfloat16), y.to(tl.bfloat16))
+    else:
+        product = tl.dot(x, y, input_precision=PRECISION)
+    return product
+
+
+@triton.jit
+def _unit_lower_inverse(a, N: tl.constexpr, LEVELS: tl.constexpr, PRECISION: tl.constexpr):
     """(I + a)^-1 for strictly lower N x N a (a^N = 0): (I - a)(I + a^2)(I + a^4)... as products."""
     r = tl.arange(0, N)
     power = -a
     inverse = (r[:, None] == r[None, :]).to(tl.float32) + power
     for _ in tl.static_range(LEVELS):
-        power = tl.dot(power, power, input_precision=DOT_PRECISION)
-        inverse = inverse + tl.dot(inverse, power, input_precision=DOT_PRECISION)
+        power = _product(power, power, PRECISION)
+        inverse = inverse + _product(inverse, power, PRECISION)
     return inverse
 
 
@@ -144,7 +154,7 @@ def _chunk_span(i_c, CU, CHUNK_OFFSETS, T, N, CHUNKS_PER_SEQ, BT: tl.constexpr, 
 @triton.jit
 def _chunk_inverse(K_ptr, G_ptr, BETA_ptr, chunk_start, length, i_h, i_hv,
                    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                   L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                   L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr, INVERSE_PRECISION: tl.constexpr):
     """Ai = (I + A)^-1 of one chunk, A = strictly lower (beta k k^T . Gamma), as whole BT-row tiles.
 
     Whole tiles, not two halves: BT = 64 rows give each of 4 warps its own 16 rows of every
@@ -172,7 +182,7 @@ def _chunk_inverse(K_ptr, G_ptr, BETA_ptr, chunk_start, length, i_h, i_hv,
     kb = (k.to(tl.float32) * b[:, None]).to(k.dtype)
     a = tl.dot(kb, tl.trans(k), input_precision=DOT_PRECISION)
     a = tl.where(rows[:, None] > rows[None, :], a * tl.exp(gc[:, None] - gc[None, :]), 0.0)
-    inverse = _unit_lower_inverse(a, BT, CHUNK_INVERSE_LEVELS, DOT_PRECISION)
+    inverse = _unit_lower_inverse(a, BT, CHUNK_INVERSE_LEVELS, INVERSE_PRECISION)
     return k, rk, b, gc, inverse, first_bad
 
 

@@ -46,7 +46,7 @@ def gdn_prepare_kernel(
     T, N, CHUNKS_PER_SEQ, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, NV: tl.constexpr, L2NORM: tl.constexpr, VARLEN: tl.constexpr, LOG_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, INVERSE_PRECISION: tl.constexpr,
 ):
     i_c = tl.program_id(0).to(tl.int64)
     i_hv = tl.program_id(1).to(tl.int64)
@@ -54,7 +54,8 @@ def gdn_prepare_kernel(
     chunk_start, length = _chunk_span(i_c, CU, CHUNK_OFFSETS, T, N, CHUNKS_PER_SEQ, BT, VARLEN, LOG_N)
     if length > 0:
         k, rk, b, gc, inverse, first_bad = _chunk_inverse(
-            K_ptr, G_ptr, BETA_ptr, chunk_start, length, i_h, i_hv, H, HV, K, BT, BK, L2NORM, DOT_PRECISION)
+            K_ptr, G_ptr, BETA_ptr, chunk_start, length, i_h, i_hv, H, HV, K, BT, BK, L2NORM, DOT_PRECISION,
+            INVERSE_PRECISION)
         rows = tl.arange(0, BT)
         in_chunk = rows < length
         k_cols = tl.arange(0, BK)

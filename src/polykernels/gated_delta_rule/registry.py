@@ -6,7 +6,7 @@ the segment and chunk arithmetic.
 """
 
 from polykernels.gated_delta_rule.chunk import PREPARE_LAUNCH, RECURRENCE_BLOCK_V, RECURRENCE_LAUNCH
-from polykernels.gated_delta_rule.guards import dot_precision
+from polykernels.gated_delta_rule.guards import dot_precision, inverse_precision
 from polykernels.kernel_registry import KernelSpec, register
 
 _MODULE = "polykernels.gated_delta_rule.kernels"
@@ -42,8 +42,9 @@ register(KernelSpec(
                "DECAY_ptr": "*fp32", "CU": "*i32", "CHUNK_OFFSETS": "*i64", "T": "i32", "N": "i32",
                "CHUNKS_PER_SEQ": "i32", "scale": "fp32",
                **_constexpr("H", "HV", "K", "V", "BT", "BK", "BV", "NV", "L2NORM", "VARLEN", "LOG_N",
-                            "DOT_PRECISION")},
-    constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV},
+                            "DOT_PRECISION", "INVERSE_PRECISION")},
+    constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV,
+                "INVERSE_PRECISION": inverse_precision(fp32_inputs=False)},
     platform_constexprs=_precision,
     options={"num_warps": _PREPARE_WARPS, "num_stages": 1},
 ))

@@ -363,6 +363,17 @@ def test_dot_precision_follows_the_platform(backend: str, arch: str | None, expe
         assert dot_precision(fp32_inputs=True) == "ieee"
 
 
+def test_inverse_products_round_to_bf16_for_16_bit_inputs_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    # fp32 inputs keep IEEE products (the spec's 1e-4 bound); the interpreter cannot multiply bf16.
+    from polykernels.gated_delta_rule.guards import inverse_precision
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert inverse_precision(fp32_inputs=False) == "bf16"
+    assert inverse_precision(fp32_inputs=True) == "ieee"
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert inverse_precision(fp32_inputs=False) == "ieee"
+
+
 @pytest.mark.slow
 def test_compile_matrix_fails_a_kernel_that_no_stage_count_fits() -> None:
     # fp32 state and value tiles of 256 x 128 need 128 KiB of shared memory with one stage: no
