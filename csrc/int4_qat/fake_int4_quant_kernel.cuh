@@ -1,7 +1,7 @@
 // Device kernel: every lane loads 16 bytes of a quantization group per access, so a group
 // spans group_bytes / 16 lanes (4 to 32) and a 32-lane set works on several groups at once;
 // kGroupsInFlight such sets of loads are issued before any reduction, so each lane keeps
-// 64 bytes in flight. The lanes of a group reduce with XOR butterflies over their own span
+// 64 bytes in flight. The loads and stores are streaming (portable.h): x and out are touched once. The lanes of a group reduce with XOR butterflies over their own span
 // (masks below the span keep the exchange inside it), one value per step in symmetric mode
 // (max|x|, with non-finite groups raised to +inf) and two in asymmetric mode (min, max).
 //
@@ -52,9 +52,15 @@ __device__ inline float reduce_min(float value) {
   return value;
 }
 
+// Each element is read and written exactly once: 16-byte runs go through the streaming access.
+template <typename T, int kPerLane>
+constexpr bool kStreamed = sizeof(T) * kPerLane == sizeof(pk_vec16_t);
+
 template <typename T, int kPerLane, bool kAligned>
 __device__ inline void load_run(const T* __restrict__ source, T (&raw)[kPerLane]) {
-  if constexpr (kAligned) {
+  if constexpr (kAligned && kStreamed<T, kPerLane>) {
+    *reinterpret_cast<pk_vec16_t*>(raw) = PK_LOAD_STREAMING(reinterpret_cast<const pk_vec16_t*>(source));
+  } else if constexpr (kAligned) {
     *reinterpret_cast<Pack<T, kPerLane>*>(raw) = *reinterpret_cast<const Pack<T, kPerLane>*>(source);
   } else {
 #pragma unroll
@@ -66,7 +72,9 @@ __device__ inline void load_run(const T* __restrict__ source, T (&raw)[kPerLane]
 
 template <typename T, int kPerLane, bool kAligned>
 __device__ inline void store_run(T* __restrict__ target, const Pack<T, kPerLane>& values) {
-  if constexpr (kAligned) {
+  if constexpr (kAligned && kStreamed<T, kPerLane>) {
+    PK_STORE_STREAMING(reinterpret_cast<pk_vec16_t*>(target), *reinterpret_cast<const pk_vec16_t*>(values.values));
+  } else if constexpr (kAligned) {
     *reinterpret_cast<Pack<T, kPerLane>*>(target) = values;
   } else {
 #pragma unroll

@@ -13,12 +13,13 @@ options. Anything else (the interpreter, launch hooks set by a profiler) takes T
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import torch
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+_SPEC = object()  # marks a caller's spec_key in the cache key: no derived key can equal it
 
 
 def _arg_key(arg: object) -> object:
@@ -58,12 +59,17 @@ class Launcher:
         # Under TRITON_INTERPRET=1 (the CPU tests) kernels are interpreted functions: no cache.
         self._interpreted = not isinstance(kernel, JITFunction)
 
-    def __call__(self, grid: tuple[int, ...], args: Sequence[object], **meta: object) -> None:
+    def __call__(self, grid: tuple[int, ...], args: Sequence[object], *, spec_key: Hashable = None,
+                 **meta: object) -> None:
+        """``spec_key``: the caller's own key for everything Triton specializes on in ``args`` and
+        ``meta`` (every dtype, integer class, 16-byte alignment and constexpr must be a function of
+        it), built from what the caller has at hand; without it the key is derived from every
+        argument, which costs microseconds per call."""
         if self._interpreted:
             self.kernel[grid](*args, **meta)
             return
         device = torch._C._cuda_getDevice()
-        key = (device, *meta.values(), _args_key(args))
+        key = (device, _SPEC, spec_key) if spec_key is not None else (device, *meta.values(), _args_key(args))
         entry = self._compiled.get(key)
         if entry is not None and _no_hooks():
             compiled, constexpr_tail = entry

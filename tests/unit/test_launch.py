@@ -4,12 +4,16 @@ test meets it on the H200); here a stand-in kernel raises it as Triton does, bef
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import pytest
+import torch
 from triton.runtime.errors import OutOfResources
 
-from polykernels._launch import Launcher
+from polykernels._launch import Launcher, _args_key
 
 
 class _KernelNeedingStages:
@@ -39,3 +43,83 @@ def test_launch_reraises_what_fewer_stages_cannot_fix(fits: int, resource: str) 
     kernel = _KernelNeedingStages(fits=fits, resource=resource)
     with pytest.raises(OutOfResources, match=resource):
         Launcher(kernel)._launch_fitting((1,), (), {"num_stages": 2})
+
+
+class _KeyRecorder:
+    """Stands for a Launcher: records each call's spec_key beside the key derived from every argument."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[object, tuple]] = []
+
+    def __call__(self, grid: tuple[int, ...], args: tuple, *, spec_key: object = None, **meta: object) -> None:
+        assert spec_key is not None, "every eager launch passes its spec_key"
+        self.calls.append((spec_key, (*meta.values(), _args_key(args))))
+
+
+def _assert_spec_keys_decide_the_specialization(calls: list[tuple[object, tuple]]) -> None:
+    # A cached kernel is reused for every call with the same spec_key: the key derived from the
+    # arguments (what Triton specializes on) must then be the same too.
+    derived: dict[object, tuple] = {}
+    for spec, key in calls:
+        assert derived.setdefault(spec, key) == key, f"spec_key {spec} covers two specializations"
+    assert len(set(derived.values())) > 1  # the cases do reach different specializations
+
+
+def _misaligned(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    flat = torch.randn(math.prod(shape) + 1).to(dtype)
+    return flat[1:].view(shape)  # a 2- or 4-byte offset: not 16-byte aligned
+
+
+def test_norm_spec_keys_decide_the_specialization(monkeypatch: pytest.MonkeyPatch) -> None:
+    from polykernels.norm import ops
+
+    recorder = _KeyRecorder()
+    monkeypatch.setattr(ops, "_launchers", lambda: SimpleNamespace(norm=recorder, qk=recorder))
+    for (batch, tokens, dim), dtype in itertools.product([(1, 1, 64), (2, 16, 64), (2, 17, 48)],
+                                                         [torch.bfloat16, torch.float32]):
+        xs = [torch.randn(batch, tokens, dim).to(dtype), _misaligned((batch, tokens, dim), dtype)]
+        emb = torch.randn(batch, 3 * dim + 1).to(dtype)
+        modulations = [
+            (torch.randn(batch, dim).to(dtype), torch.randn(batch, 1, dim)),
+            (emb[:, :dim], emb[:, dim:2 * dim]),  # chunks of one projection, as AdaLayerNormZero's
+            (emb[:, 1:dim + 1], emb[:, dim + 1:2 * dim + 1]),  # misaligned chunks
+            (torch.randn(batch, tokens, dim).to(dtype), torch.randn(batch, tokens, dim).to(dtype)),
+        ]
+        for x, (shift, scale), weight, exact in itertools.product(
+            xs, modulations, [None, torch.randn(dim).to(dtype)], [False, True]
+        ):
+            ops._launch_norm(x, weight, shift, scale, 1e-6, exact, stats=exact)
+        for q in xs:
+            q4 = q.view(batch, tokens, 1, dim)
+            ops._launch_qk(q4, q4, torch.randn(dim), torch.randn(dim).to(dtype), 1e-6, only_q=False, traced=False)
+            ops._launch_qk(q4, q4, torch.randn(dim), torch.randn(dim), 1e-6, only_q=True, traced=False)
+    _assert_spec_keys_decide_the_specialization(recorder.calls)
+
+
+def test_gated_delta_rule_spec_keys_decide_the_specialization(monkeypatch: pytest.MonkeyPatch) -> None:
+    from polykernels.gated_delta_rule import chunk
+
+    recorders = SimpleNamespace(plan=_KeyRecorder(), prepare=_KeyRecorder(), recurrence=_KeyRecorder(),
+                                combine=_KeyRecorder())
+    monkeypatch.setattr(chunk, "_launchers", lambda: recorders)
+    cases = itertools.product(
+        [(1, 63, 2, 4, 32, 32), (2, 64, 1, 2, 16, 48), (1, 200, 1, 1, 32, 32)],
+        [torch.bfloat16, torch.float32], [None, torch.int32, torch.int64], [False, True], [None, 3], [False, True],
+        [False, True],
+    )
+    for shape, dtype, cu_dtype, initial, segments, misaligned, final in cases:
+        batch, tokens, heads, value_heads, key_dim, value_dim = shape
+        if cu_dtype is not None and batch != 1:
+            continue
+        make = _misaligned if misaligned else (lambda shape, dt: torch.randn(shape).to(dt))
+        q = make((batch, tokens, heads, key_dim), dtype)
+        k = torch.randn(batch, tokens, heads, key_dim).to(dtype)
+        v = torch.randn(batch, tokens, value_heads, value_dim).to(dtype)
+        g = -torch.rand(batch, tokens, value_heads)
+        beta = make((batch, tokens, value_heads), torch.bfloat16)
+        cu = None if cu_dtype is None else torch.tensor([0, tokens // 3, tokens], dtype=cu_dtype)
+        num_seqs = batch if cu is None else 2
+        h0 = torch.randn(num_seqs, value_heads, key_dim, value_dim) if initial else None
+        chunk.launch_chunk_gated_delta_rule(q, k, v, g, beta, key_dim**-0.5, h0, final, cu, True, segments)
+    for name in ("prepare", "recurrence", "combine", "plan"):
+        _assert_spec_keys_decide_the_specialization(getattr(recorders, name).calls)

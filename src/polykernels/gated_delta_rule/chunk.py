@@ -150,6 +150,7 @@ def launch_chunk_gated_delta_rule(
         chunk_offsets, seg_offsets = offsets[0], offsets[1]
         max_chunks = -(-total // CHUNK) + num_seqs
         _launchers().plan((1,), (cu_seqlens, chunk_offsets, seg_offsets, num_seqs, segment_chunks or WHOLE_SEQUENCE),
+                          spec_key=(cu_seqlens.dtype, cu_seqlens.data_ptr() & 15, num_seqs, segment_chunks),
                           BT=CHUNK, BLOCK=1024, num_warps=4, num_stages=1)
     else:
         chunk_offsets = seg_offsets = _unused_offsets(device)
@@ -201,14 +202,19 @@ def _launch_passes(
     scores = torch.empty(total, value_heads, CHUNK, dtype=dtype, device=device)
     row_scales = torch.empty(3, total, value_heads, dtype=torch.float32, device=device)
     q_scale, k_scale, decay = row_scales[0], row_scales[1], row_scales[2]
+    # The launchers' spec_key: the shapes, plan and flags give every integer argument and constexpr;
+    # then the dtypes and each caller tensor's 16-byte alignment (the rest are fresh allocations).
+    spec = (q.shape, v.shape, dtype, g.dtype, beta.dtype, tables.cu.dtype, num_seqs, varlen, segment_chunks, block_v,
+            has_initial, output_final_state, l2norm, precision, inverse_precision,
+            *[t.data_ptr() & 15 for t in (q, k, v, g, beta, initial, tables.cu)])
     shape = {"H": heads, "HV": value_heads, "K": key_dim, "V": value_dim, "BT": CHUNK, "BK": block_k}
     where = {"VARLEN": varlen, "LOG_N": tables.log_n, "DOT_PRECISION": precision}
     run.prepare(
         (tables.max_chunks, value_heads),
         (q, k, v, g, beta, w, u, scores, q_scale, k_scale, decay, tables.cu, tables.chunk_offsets, tokens, num_seqs,
          chunks_per_seq, scale),
-        **{**shape, "BK": prep_block_k}, BV=prep_bv, NV=-(-value_dim // prep_bv), L2NORM=l2norm, **where,
-        INVERSE_PRECISION=inverse_precision, num_warps=prep_warps, num_stages=1,
+        spec_key=spec, **{**shape, "BK": prep_block_k}, BV=prep_bv, NV=-(-value_dim // prep_bv), L2NORM=l2norm,
+        **where, INVERSE_PRECISION=inverse_precision, num_warps=prep_warps, num_stages=1,
     )
     value_tiles = -(-value_dim // block_v)
     if segment_chunks:
@@ -230,22 +236,22 @@ def _launch_passes(
         run.recurrence(
             (value_tiles + -(-key_dim // block_v), max_segments, value_heads),
             (q, k, w, u, scores, q_scale, k_scale, decay, final, final, o, h_local, transitions, *segments),
-            **recurrence, HAS_INITIAL=False, SEGMENT_STATE=True, STORE_FINAL=False,
+            spec_key=(spec, True), **recurrence, HAS_INITIAL=False, SEGMENT_STATE=True, STORE_FINAL=False,
             num_warps=num_warps, num_stages=num_stages,
         )
         h_init = torch.empty_like(h_local)
         run.combine(
             (value_tiles, num_seqs, value_heads),
             (initial, h_local, transitions, h_init, tables.cu, seg_offsets, num_seqs, segments_per_seq),
-            HV=value_heads, K=key_dim, V=value_dim, BK=block_k, BV=block_v, KB=32, HAS_INITIAL=has_initial,
-            VARLEN=varlen, DOT_PRECISION=precision, num_warps=4, num_stages=1,
+            spec_key=spec, HV=value_heads, K=key_dim, V=value_dim, BK=block_k, BV=block_v, KB=32,
+            HAS_INITIAL=has_initial, VARLEN=varlen, DOT_PRECISION=precision, num_warps=4, num_stages=1,
         )
         start_known = True
     run.recurrence(
         (value_tiles, max_segments, value_heads),
         (q, k, w, u, scores, q_scale, k_scale, decay, h_init, final, o, final, final, *segments),
-        **recurrence, HAS_INITIAL=start_known, SEGMENT_STATE=False, STORE_FINAL=output_final_state,
-        num_warps=num_warps, num_stages=num_stages,
+        spec_key=(spec, False), **recurrence, HAS_INITIAL=start_known, SEGMENT_STATE=False,
+        STORE_FINAL=output_final_state, num_warps=num_warps, num_stages=num_stages,
     )
 
 

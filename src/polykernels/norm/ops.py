@@ -146,8 +146,20 @@ def _launch_norm(
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
     args = (x, y, weight if weight is not None else x, shift, scale, mean if stats else y, rstd if stats else y,
             rows, x.shape[1], x.shape[2], *strides, eps)
-    _launchers().norm(grid, args, **meta)
+    _launchers().norm(grid, args, spec_key=_norm_spec_key(x, weight, shift, scale, strides, exact, stats), **meta)
     return y, mean, rstd
+
+
+def _norm_spec_key(x: torch.Tensor, weight: torch.Tensor | None, shift: torch.Tensor, scale: torch.Tensor,
+                   strides: tuple[int, int, int, int], exact: bool, stats: bool) -> tuple:
+    """What the norm kernel's specialization and launch follow from (the launcher's spec_key): the
+    shape and strides give every integer argument, then the dtypes and each input's 16-byte
+    alignment (the outputs are fresh allocations, aligned)."""
+    if weight is None:
+        return (x.shape, strides, x.dtype, shift.dtype, scale.dtype, x.data_ptr() & 15, shift.data_ptr() & 15,
+                scale.data_ptr() & 15, exact, stats)
+    return (x.shape, strides, x.dtype, shift.dtype, scale.dtype, x.data_ptr() & 15, shift.data_ptr() & 15,
+            scale.data_ptr() & 15, exact, stats, weight.dtype, weight.data_ptr() & 15)
 
 
 # (device index, dtype, exact epilogue wanted, preference) -> path: the guard runs once per class
@@ -239,7 +251,10 @@ def _launch_qk(
     if traced:
         torch.library.wrap_triton(qk_rmsnorm_kernel)[grid](*args, **meta)
     else:
-        _launchers().qk(grid, args, **meta)
+        # The shapes give every integer argument; the outputs are fresh allocations (aligned).
+        spec = (q.shape, k.shape, q.dtype, k.dtype, weight_q.dtype, weight_k.dtype, q.data_ptr() & 15,
+                k.data_ptr() & 15, weight_q.data_ptr() & 15, weight_k.data_ptr() & 15, only_q)
+        _launchers().qk(grid, args, spec_key=spec, **meta)
     return q_out, k_out
 
 
