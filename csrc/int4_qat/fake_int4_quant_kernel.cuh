@@ -1,7 +1,8 @@
 // Device kernel: every lane loads 16 bytes of a quantization group per access, so a group
 // spans group_bytes / 16 lanes (4 to 32) and a 32-lane set works on several groups at once;
 // kGroupsInFlight such sets of loads are issued before any reduction, so each lane keeps
-// 64 bytes in flight. The loads and stores are streaming (portable.h): x and out are touched once. The lanes of a group reduce with XOR butterflies over their own span
+// 64 bytes in flight. The loads and stores are streaming (portable.h): x and out are touched
+// once. The lanes of a group reduce with XOR butterflies over their own span
 // (masks below the span keep the exchange inside it), one value per step in symmetric mode
 // (max|x|, with non-finite groups raised to +inf) and two in asymmetric mode (min, max).
 //

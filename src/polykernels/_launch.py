@@ -7,7 +7,9 @@ per specialization key and calls it directly afterwards.
 
 The key mirrors what Triton specializes on: each tensor's dtype and 16-byte alignment, each
 integer's value class (== 1, divisible by 16, fits in int32), the constexpr values and the launch
-options. Anything else (the interpreter, launch hooks set by a profiler) takes Triton's own path.
+options. A caller that already knows all of that passes its own ``spec_key`` (a tuple of what
+it has at hand) and skips the per-argument key. Anything else (the interpreter, launch hooks set
+by a profiler) takes Triton's own path.
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class Launcher:
         # Under TRITON_INTERPRET=1 (the CPU tests) kernels are interpreted functions: no cache.
         self._interpreted = not isinstance(kernel, JITFunction)
 
-    def __call__(self, grid: tuple[int, ...], args: Sequence[object], *, spec_key: Hashable = None,
+    def __call__(self, grid: tuple[int, ...], args: Sequence[object], *, spec_key: Hashable | None = None,
                  **meta: object) -> None:
         """``spec_key``: the caller's own key for everything Triton specializes on in ``args`` and
         ``meta`` (every dtype, integer class, 16-byte alignment and constexpr must be a function of

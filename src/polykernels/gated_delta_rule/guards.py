@@ -41,7 +41,8 @@ def inverse_precision(fp32_inputs: bool) -> str:
     fp32 inputs keep IEEE products. For 16-bit inputs the products round their operands to bf16
     (fp32 accumulation): on the H200 that made the prepare pass 1.19x faster than TF32 and moved
     w and u by 4-5e-4 relative, below the rounding of w and u to the inputs' dtype itself
-    (BENCHMARKS.md, "bf16 inverse"). bf16 dots exist on every target (sm_80+, gfx942, gfx950).
+    (BENCHMARKS.md, "chunk_gated_delta_rule: bf16 products for (I + A)^-1"). bf16 dots exist
+    on every target (sm_80+, gfx942, gfx950).
     Triton's CPU interpreter (the CPU tests) multiplies the bit patterns of the bf16 values it
     converts itself, so there the products stay fp32; the GPU tests and the compile matrix
     cover the bf16 products.
