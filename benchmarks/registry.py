@@ -6,6 +6,7 @@ the case so GB/s and TFLOP/s are computed the same way for ours and the peers'.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -163,6 +164,19 @@ GDN_SHAPES: list[tuple[str, int, int, int, int, list[int] | None]] = [
 ]
 
 
+@contextlib.contextmanager
+def gdn_design(applies_inverse: bool) -> Iterator[None]:
+    """Runs the gated delta rule with one design of its two passes (chunk.RECURRENCE_APPLIES_INVERSE)."""
+    from polykernels.gated_delta_rule import chunk
+
+    saved = dict(chunk.RECURRENCE_APPLIES_INVERSE)
+    chunk.RECURRENCE_APPLIES_INVERSE.update(dict.fromkeys(saved, applies_inverse))
+    try:
+        yield
+    finally:
+        chunk.RECURRENCE_APPLIES_INVERSE.update(saved)
+
+
 def gdn_inputs(batch: int, tokens: int, heads: int, value_heads: int, device: str, dim: int = 128) -> tuple:
     gen = torch.Generator(device=device).manual_seed(0)
     q = torch.randn(batch, tokens, heads, dim, device=device, dtype=torch.bfloat16, generator=gen)
@@ -173,8 +187,13 @@ def gdn_inputs(batch: int, tokens: int, heads: int, value_heads: int, device: st
     return q, k.bfloat16(), v, g, beta
 
 
+def _with_applied_inverse(fn: Callable[..., object], *args: object, **kwargs: object) -> object:
+    with gdn_design(applies_inverse=True):
+        return fn(*args, **kwargs)
+
+
 def gdn_cases(device: str) -> Iterator[Case]:
-    from polykernels.gated_delta_rule import chunk_gated_delta_rule
+    from polykernels.gated_delta_rule import chunk, chunk_gated_delta_rule
 
     fla = None
     if importlib.util.find_spec("fla") is not None:
@@ -190,6 +209,10 @@ def gdn_cases(device: str) -> Iterator[Case]:
             "polykernels": lambda a=(q, k, v, g, beta), cu=cu: chunk_gated_delta_rule(
                 *a, output_final_state=True, cu_seqlens=cu),
         }
+        if not chunk.RECURRENCE_APPLIES_INVERSE[128]:
+            # The other design of the two passes, until a same-run measurement picks one.
+            impls["polykernels applied-inverse"] = lambda a=(q, k, v, g, beta), cu=cu: _with_applied_inverse(
+                chunk_gated_delta_rule, *a, output_final_state=True, cu_seqlens=cu)
         if fla is not None:
             # FLA wants g in fp32 and, for packed sequences, int32 boundaries: the same inputs.
             impls["FLA"] = lambda a=(q, k, v, g, beta), cu=cu: fla(*a, output_final_state=True, cu_seqlens=cu)

@@ -106,6 +106,10 @@ RECURRENCE_BLOCK_V: dict[int, tuple[int, int]] = {16: (64, 32), 32: (64, 32), 64
                                                   256: (32, 16)}
 RECURRENCE_LAUNCH: dict[int, tuple[int, int]] = {16: (4, 3), 32: (4, 3), 64: (4, 3), 128: (4, 3), 256: (8, 1)}
 PREPARE_LAUNCH: dict[int, tuple[int, int]] = {64: (64, 4), 128: (128, 4), 256: (64, 8)}
+# Per padded K: whether the recurrence applies (I + A)^-1 itself (recurrence_kernels, APPLY_INVERSE):
+# prepare then stores Ai and two row scales, not w and u. Not yet measured on a GPU: off until a
+# same-run sweep (`python -m benchmarks.sweep gdn-launch`) shows it faster.
+RECURRENCE_APPLIES_INVERSE: dict[int, bool] = {16: False, 32: False, 64: False, 128: False, 256: False}
 # The prepare kernel's K and V tiles are at least this wide (narrower heads are masked): its
 # products (I + A)^-1 x (32 columns) of 16-bit inputs came out wrong, or faulted, on the H200
 # (Triton 3.6, sm_90 wgmma with the left operand in registers); 64 columns are right.
@@ -197,24 +201,31 @@ def _launch_passes(
     prep_bv = max(min(prep_bv, _block(value_dim)), PREPARE_MIN_BLOCK)
     num_seqs, varlen = tables.num_seqs, tables.varlen
     chunks_per_seq = -(-tokens // CHUNK)
-    w = torch.empty(total, value_heads, key_dim, dtype=dtype, device=device)
-    u = torch.empty(total, value_heads, value_dim, dtype=dtype, device=device)
+    apply_inverse = RECURRENCE_APPLIES_INVERSE[block_k]
     scores = torch.empty(total, value_heads, CHUNK, dtype=dtype, device=device)
-    row_scales = torch.empty(3, total, value_heads, dtype=torch.float32, device=device)
+    row_scales = torch.empty(5 if apply_inverse else 3, total, value_heads, dtype=torch.float32, device=device)
     q_scale, k_scale, decay = row_scales[0], row_scales[1], row_scales[2]
+    if apply_inverse:  # Ai (chunk x chunk, like the scores) and the row scales of v and of k h
+        inverse, w_scale, v_scale = torch.empty_like(scores), row_scales[3], row_scales[4]
+        w = u = scores  # not read
+    else:
+        w = torch.empty(total, value_heads, key_dim, dtype=dtype, device=device)
+        u = torch.empty(total, value_heads, value_dim, dtype=dtype, device=device)
+        inverse, w_scale, v_scale = scores, q_scale, q_scale  # not read
     # The launchers' spec_key: the shapes, plan and flags give every integer argument and constexpr;
     # then the dtypes and each caller tensor's 16-byte alignment (the rest are fresh allocations).
     spec = (q.shape, v.shape, dtype, g.dtype, beta.dtype, tables.cu.dtype, num_seqs, varlen, segment_chunks, block_v,
-            has_initial, output_final_state, l2norm, precision, inverse_precision,
+            has_initial, output_final_state, l2norm, precision, inverse_precision, apply_inverse,
             *[t.data_ptr() & 15 for t in (q, k, v, g, beta, initial, tables.cu)])
     shape = {"H": heads, "HV": value_heads, "K": key_dim, "V": value_dim, "BT": CHUNK, "BK": block_k}
     where = {"VARLEN": varlen, "LOG_N": tables.log_n, "DOT_PRECISION": precision}
     run.prepare(
         (tables.max_chunks, value_heads),
-        (q, k, v, g, beta, w, u, scores, q_scale, k_scale, decay, tables.cu, tables.chunk_offsets, tokens, num_seqs,
-         chunks_per_seq, scale),
+        (q, k, v, g, beta, w, u, scores, q_scale, k_scale, decay, inverse, w_scale, v_scale, tables.cu,
+         tables.chunk_offsets, tokens, num_seqs, chunks_per_seq, scale),
         spec_key=spec, **{**shape, "BK": prep_block_k}, BV=prep_bv, NV=-(-value_dim // prep_bv), L2NORM=l2norm,
-        **where, INVERSE_PRECISION=inverse_precision, num_warps=prep_warps, num_stages=1,
+        **where, INVERSE_PRECISION=inverse_precision, APPLY_INVERSE=apply_inverse, num_warps=prep_warps,
+        num_stages=1,
     )
     value_tiles = -(-value_dim // block_v)
     if segment_chunks:
@@ -228,14 +239,15 @@ def _launch_passes(
         segments_per_seq, max_segments, segment_tokens = 1, num_seqs, WHOLE_SEQUENCE * CHUNK
     seg_offsets = tables.seg_offsets
     segments = (tables.cu, seg_offsets, tokens, num_seqs, segments_per_seq, segment_tokens)
-    recurrence = {**shape, "BV": block_v, "NV": value_tiles, **where}
+    recurrence = {**shape, "BV": block_v, "NV": value_tiles, **where, "APPLY_INVERSE": apply_inverse}
+    chunk_tensors = (q, k, w, u, scores, q_scale, k_scale, decay, v, inverse, w_scale, v_scale)
     h_init, start_known = initial, has_initial
     if segment_chunks:
         h_local = torch.empty(max_segments, value_heads, key_dim, value_dim, dtype=torch.float32, device=device)
         transitions = torch.empty(max_segments, value_heads, key_dim, key_dim, dtype=torch.float32, device=device)
         run.recurrence(
             (value_tiles + -(-key_dim // block_v), max_segments, value_heads),
-            (q, k, w, u, scores, q_scale, k_scale, decay, final, final, o, h_local, transitions, *segments),
+            (*chunk_tensors, final, final, o, h_local, transitions, *segments),
             spec_key=(spec, True), **recurrence, HAS_INITIAL=False, SEGMENT_STATE=True, STORE_FINAL=False,
             num_warps=num_warps, num_stages=num_stages,
         )
@@ -249,7 +261,7 @@ def _launch_passes(
         start_known = True
     run.recurrence(
         (value_tiles, max_segments, value_heads),
-        (q, k, w, u, scores, q_scale, k_scale, decay, h_init, final, o, final, final, *segments),
+        (*chunk_tensors, h_init, final, o, final, final, *segments),
         spec_key=(spec, False), **recurrence, HAS_INITIAL=start_known, SEGMENT_STATE=False,
         STORE_FINAL=output_final_state, num_warps=num_warps, num_stages=num_stages,
     )

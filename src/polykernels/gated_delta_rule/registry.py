@@ -2,7 +2,8 @@
 
 Packed sequences (VARLEN), and the recurrence both as the output pass and as the segment-state
 pass of context parallelism, are the specializations registered: they compile every branch of
-the segment and chunk arithmetic.
+the segment and chunk arithmetic. Both designs of the two passes are registered: w and u through
+HBM (APPLY_INVERSE off), and Ai applied in the recurrence (the ``_ai`` kernels).
 """
 
 from polykernels.gated_delta_rule.chunk import PREPARE_LAUNCH, RECURRENCE_BLOCK_V, RECURRENCE_LAUNCH
@@ -35,26 +36,31 @@ register(KernelSpec(
     constexprs={"BT": 64, "BLOCK": 1024},
     options=_SMALL,
 ))
-register(KernelSpec(
-    name="gdn_prepare", module=_PASSES, function="gdn_prepare_kernel",
-    signature={"Q_ptr": "*bf16", "K_ptr": "*bf16", "V_ptr": "*bf16", "G_ptr": "*fp32", "BETA_ptr": "*bf16",
-               "W_ptr": "*bf16", "U_ptr": "*bf16", "P_ptr": "*bf16", "QS_ptr": "*fp32", "KS_ptr": "*fp32",
-               "DECAY_ptr": "*fp32", "CU": "*i32", "CHUNK_OFFSETS": "*i64", "T": "i32", "N": "i32",
-               "CHUNKS_PER_SEQ": "i32", "scale": "fp32",
-               **_constexpr("H", "HV", "K", "V", "BT", "BK", "BV", "NV", "L2NORM", "VARLEN", "LOG_N",
-                            "DOT_PRECISION", "INVERSE_PRECISION")},
-    constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV,
-                "INVERSE_PRECISION": inverse_precision(fp32_inputs=False)},
-    platform_constexprs=_precision,
-    options={"num_warps": _PREPARE_WARPS, "num_stages": 1},
-))
+# (name suffix, APPLY_INVERSE): w and u through HBM, or Ai applied in the recurrence.
+_DESIGNS = (("", False), ("_ai", True))
+
+for _suffix, _apply_inverse in _DESIGNS:
+    register(KernelSpec(
+        name=f"gdn_prepare{_suffix}", module=_PASSES, function="gdn_prepare_kernel",
+        signature={"Q_ptr": "*bf16", "K_ptr": "*bf16", "V_ptr": "*bf16", "G_ptr": "*fp32", "BETA_ptr": "*bf16",
+                   "W_ptr": "*bf16", "U_ptr": "*bf16", "P_ptr": "*bf16", "QS_ptr": "*fp32", "KS_ptr": "*fp32",
+                   "DECAY_ptr": "*fp32", "AI_ptr": "*bf16", "WS_ptr": "*fp32", "VS_ptr": "*fp32", "CU": "*i32",
+                   "CHUNK_OFFSETS": "*i64", "T": "i32", "N": "i32", "CHUNKS_PER_SEQ": "i32", "scale": "fp32",
+                   **_constexpr("H", "HV", "K", "V", "BT", "BK", "BV", "NV", "L2NORM", "VARLEN", "LOG_N",
+                                "DOT_PRECISION", "INVERSE_PRECISION", "APPLY_INVERSE")},
+        constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV,
+                    "INVERSE_PRECISION": inverse_precision(fp32_inputs=False), "APPLY_INVERSE": _apply_inverse},
+        platform_constexprs=_precision,
+        options={"num_warps": _PREPARE_WARPS, "num_stages": 1},
+    ))
 _RECURRENCE_SIGNATURE = {
     "Q_ptr": "*bf16", "K_ptr": "*bf16", "W_ptr": "*bf16", "U_ptr": "*bf16", "P_ptr": "*bf16", "QS_ptr": "*fp32",
-    "KS_ptr": "*fp32", "DECAY_ptr": "*fp32", "HINIT_ptr": "*fp32", "HT_ptr": "*fp32", "O_ptr": "*bf16",
-    "HLOC_ptr": "*fp32", "M_ptr": "*fp32", "CU": "*i32", "SEG_OFFSETS": "*i64", "T": "i32", "N": "i32",
-    "SEGS_PER_SEQ": "i32", "SEG_TOKENS": "i64",
+    "KS_ptr": "*fp32", "DECAY_ptr": "*fp32", "V_ptr": "*bf16", "AI_ptr": "*bf16", "WS_ptr": "*fp32",
+    "VS_ptr": "*fp32", "HINIT_ptr": "*fp32", "HT_ptr": "*fp32", "O_ptr": "*bf16", "HLOC_ptr": "*fp32",
+    "M_ptr": "*fp32", "CU": "*i32", "SEG_OFFSETS": "*i64", "T": "i32", "N": "i32", "SEGS_PER_SEQ": "i32",
+    "SEG_TOKENS": "i64",
     **_constexpr("H", "HV", "K", "V", "BT", "BK", "BV", "NV", "VARLEN", "LOG_N", "HAS_INITIAL", "SEGMENT_STATE",
-                 "STORE_FINAL", "DOT_PRECISION"),
+                 "STORE_FINAL", "DOT_PRECISION", "APPLY_INVERSE"),
 }
 
 def _fp32(signature: dict[str, str]) -> dict[str, str]:
@@ -67,15 +73,18 @@ def _precision_fp32() -> dict[str, str]:
 
 # fp32 inputs too: their pipeline stages take twice the shared memory (three do not fit an H200 at
 # K = 128; the launcher then drops one, and the matrix shows how many fit on each target).
-for _name, _segment_state, _signature, _precise in (
-    ("gdn_recurrence", False, _RECURRENCE_SIGNATURE, _precision),
-    ("gdn_segment_state", True, _RECURRENCE_SIGNATURE, _precision),
-    ("gdn_recurrence_fp32", False, _fp32(_RECURRENCE_SIGNATURE), _precision_fp32),
+for _name, _segment_state, _signature, _precise, _apply_inverse in (
+    ("gdn_recurrence", False, _RECURRENCE_SIGNATURE, _precision, False),
+    ("gdn_segment_state", True, _RECURRENCE_SIGNATURE, _precision, False),
+    ("gdn_recurrence_fp32", False, _fp32(_RECURRENCE_SIGNATURE), _precision_fp32, False),
+    ("gdn_recurrence_ai", False, _RECURRENCE_SIGNATURE, _precision, True),
+    ("gdn_segment_state_ai", True, _RECURRENCE_SIGNATURE, _precision, True),
 ):
     register(KernelSpec(
         name=_name, module=_PASSES, function="gdn_recurrence_kernel", signature=_signature,
         constexprs={**_SHAPE, "V": 128, "BV": _RECURRENCE_BV, "NV": 128 // _RECURRENCE_BV, "VARLEN": True,
-                    "LOG_N": 4, "HAS_INITIAL": True, "SEGMENT_STATE": _segment_state, "STORE_FINAL": True},
+                    "LOG_N": 4, "HAS_INITIAL": True, "SEGMENT_STATE": _segment_state, "STORE_FINAL": True,
+                    "APPLY_INVERSE": _apply_inverse},
         platform_constexprs=_precise,
         options={"num_warps": _RECURRENCE_WARPS, "num_stages": _RECURRENCE_STAGES},
     ))
