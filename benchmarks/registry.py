@@ -165,16 +165,17 @@ GDN_SHAPES: list[tuple[str, int, int, int, int, list[int] | None]] = [
 
 
 @contextlib.contextmanager
-def gdn_design(applies_inverse: bool) -> Iterator[None]:
-    """Runs the gated delta rule with one design of its two passes (chunk.RECURRENCE_APPLIES_INVERSE)."""
+def gdn_design(design: str) -> Iterator[None]:
+    """Runs the gated delta rule with one design of its two passes (chunk.DESIGNS), whatever the
+    launch table (chunk.RECURRENCE_DESIGN) picks."""
     from polykernels.gated_delta_rule import chunk
 
-    saved = dict(chunk.RECURRENCE_APPLIES_INVERSE)
-    chunk.RECURRENCE_APPLIES_INVERSE.update(dict.fromkeys(saved, applies_inverse))
+    saved = dict(chunk.RECURRENCE_DESIGN)
+    chunk.RECURRENCE_DESIGN.update(dict.fromkeys(saved, design))
     try:
         yield
     finally:
-        chunk.RECURRENCE_APPLIES_INVERSE.update(saved)
+        chunk.RECURRENCE_DESIGN.update(saved)
 
 
 def gdn_inputs(batch: int, tokens: int, heads: int, value_heads: int, device: str, dim: int = 128) -> tuple:
@@ -187,8 +188,8 @@ def gdn_inputs(batch: int, tokens: int, heads: int, value_heads: int, device: st
     return q, k.bfloat16(), v, g, beta
 
 
-def _with_applied_inverse(fn: Callable[..., object], *args: object, **kwargs: object) -> object:
-    with gdn_design(applies_inverse=True):
+def _with_design(design: str, fn: Callable[..., object], *args: object, **kwargs: object) -> object:
+    with gdn_design(design):
         return fn(*args, **kwargs)
 
 
@@ -209,10 +210,10 @@ def gdn_cases(device: str) -> Iterator[Case]:
             "polykernels": lambda a=(q, k, v, g, beta), cu=cu: chunk_gated_delta_rule(
                 *a, output_final_state=True, cu_seqlens=cu),
         }
-        if not chunk.RECURRENCE_APPLIES_INVERSE[128]:
-            # The other design of the two passes, until a same-run measurement picks one.
-            impls["polykernels applied-inverse"] = lambda a=(q, k, v, g, beta), cu=cu: _with_applied_inverse(
-                chunk_gated_delta_rule, *a, output_final_state=True, cu_seqlens=cu)
+        for design in chunk.DESIGNS:
+            if design != chunk.RECURRENCE_DESIGN[128]:  # the other designs, until one run picks one
+                impls[f"polykernels {design}"] = lambda a=(q, k, v, g, beta), cu=cu, d=design: _with_design(
+                    d, chunk_gated_delta_rule, *a, output_final_state=True, cu_seqlens=cu)
         if fla is not None:
             # FLA wants g in fp32 and, for packed sequences, int32 boundaries: the same inputs.
             impls["FLA"] = lambda a=(q, k, v, g, beta), cu=cu: fla(*a, output_final_state=True, cu_seqlens=cu)

@@ -106,10 +106,18 @@ RECURRENCE_BLOCK_V: dict[int, tuple[int, int]] = {16: (64, 32), 32: (64, 32), 64
                                                   256: (32, 16)}
 RECURRENCE_LAUNCH: dict[int, tuple[int, int]] = {16: (4, 3), 32: (4, 3), 64: (4, 3), 128: (4, 3), 256: (8, 1)}
 PREPARE_LAUNCH: dict[int, tuple[int, int]] = {64: (64, 4), 128: (128, 4), 256: (64, 8)}
-# Per padded K: whether the recurrence applies (I + A)^-1 itself (recurrence_kernels, APPLY_INVERSE):
-# prepare then stores Ai and two row scales, not w and u. Not yet measured on a GPU: off until a
-# same-run sweep (`python -m benchmarks.sweep gdn-launch`) shows it faster.
-RECURRENCE_APPLIES_INVERSE: dict[int, bool] = {16: False, 32: False, 64: False, 128: False, 256: False}
+# What the prepare pass hands the recurrence through HBM (recurrence_kernels' APPLY_INVERSE and
+# FORM_SCORES), per design: "w-u-p" w, u and the scores P; "ai-p" (I + A)^-1 and P, the recurrence
+# applying the inverse itself; "ai" (I + A)^-1 alone, the recurrence also forming P from its q and k.
+DESIGNS: dict[str, dict[str, bool]] = {
+    "w-u-p": {"APPLY_INVERSE": False, "FORM_SCORES": False},
+    "ai-p": {"APPLY_INVERSE": True, "FORM_SCORES": False},
+    "ai": {"APPLY_INVERSE": True, "FORM_SCORES": True},
+}
+# Per padded K. "ai-p" and "ai" move 17% and 34% fewer bytes at K = V = 128 (two V tiles) for one
+# more product on the sequential path, and have not been measured on a GPU yet: "w-u-p" stays until
+# a same-run sweep (`python -m benchmarks.sweep gdn-launch`) shows another faster.
+RECURRENCE_DESIGN: dict[int, str] = dict.fromkeys((16, 32, 64, 128, 256), "w-u-p")
 # The prepare kernel's K and V tiles are at least this wide (narrower heads are masked): its
 # products (I + A)^-1 x (32 columns) of 16-bit inputs came out wrong, or faulted, on the H200
 # (Triton 3.6, sm_90 wgmma with the left operand in registers); 64 columns are right.
@@ -201,31 +209,22 @@ def _launch_passes(
     prep_bv = max(min(prep_bv, _block(value_dim)), PREPARE_MIN_BLOCK)
     num_seqs, varlen = tables.num_seqs, tables.varlen
     chunks_per_seq = -(-tokens // CHUNK)
-    apply_inverse = RECURRENCE_APPLIES_INVERSE[block_k]
-    scores = torch.empty(total, value_heads, CHUNK, dtype=dtype, device=device)
-    row_scales = torch.empty(5 if apply_inverse else 3, total, value_heads, dtype=torch.float32, device=device)
-    q_scale, k_scale, decay = row_scales[0], row_scales[1], row_scales[2]
-    if apply_inverse:  # Ai (chunk x chunk, like the scores) and the row scales of v and of k h
-        inverse, w_scale, v_scale = torch.empty_like(scores), row_scales[3], row_scales[4]
-        w = u = scores  # not read
-    else:
-        w = torch.empty(total, value_heads, key_dim, dtype=dtype, device=device)
-        u = torch.empty(total, value_heads, value_dim, dtype=dtype, device=device)
-        inverse, w_scale, v_scale = scores, q_scale, q_scale  # not read
+    design = RECURRENCE_DESIGN[block_k]
+    held = _intermediates(DESIGNS[design], total, value_heads, key_dim, value_dim, dtype, device)
     # The launchers' spec_key: the shapes, plan and flags give every integer argument and constexpr;
     # then the dtypes and each caller tensor's 16-byte alignment (the rest are fresh allocations).
     spec = (q.shape, v.shape, dtype, g.dtype, beta.dtype, tables.cu.dtype, num_seqs, varlen, segment_chunks, block_v,
-            has_initial, output_final_state, l2norm, precision, inverse_precision, apply_inverse,
+            has_initial, output_final_state, l2norm, precision, inverse_precision, design,
             *[t.data_ptr() & 15 for t in (q, k, v, g, beta, initial, tables.cu)])
     shape = {"H": heads, "HV": value_heads, "K": key_dim, "V": value_dim, "BT": CHUNK, "BK": block_k}
     where = {"VARLEN": varlen, "LOG_N": tables.log_n, "DOT_PRECISION": precision}
     run.prepare(
         (tables.max_chunks, value_heads),
-        (q, k, v, g, beta, w, u, scores, q_scale, k_scale, decay, inverse, w_scale, v_scale, tables.cu,
-         tables.chunk_offsets, tokens, num_seqs, chunks_per_seq, scale),
+        (q, k, v, g, beta, held.w, held.u, held.scores, held.q_scale, held.k_scale, held.decay, held.inverse,
+         held.w_scale, held.v_scale, held.gate_cumsum, held.k_rnorm, tables.cu, tables.chunk_offsets, tokens,
+         num_seqs, chunks_per_seq, scale),
         spec_key=spec, **{**shape, "BK": prep_block_k}, BV=prep_bv, NV=-(-value_dim // prep_bv), L2NORM=l2norm,
-        **where, INVERSE_PRECISION=inverse_precision, APPLY_INVERSE=apply_inverse, num_warps=prep_warps,
-        num_stages=1,
+        **where, INVERSE_PRECISION=inverse_precision, **DESIGNS[design], num_warps=prep_warps, num_stages=1,
     )
     value_tiles = -(-value_dim // block_v)
     if segment_chunks:
@@ -239,15 +238,16 @@ def _launch_passes(
         segments_per_seq, max_segments, segment_tokens = 1, num_seqs, WHOLE_SEQUENCE * CHUNK
     seg_offsets = tables.seg_offsets
     segments = (tables.cu, seg_offsets, tokens, num_seqs, segments_per_seq, segment_tokens)
-    recurrence = {**shape, "BV": block_v, "NV": value_tiles, **where, "APPLY_INVERSE": apply_inverse}
-    chunk_tensors = (q, k, w, u, scores, q_scale, k_scale, decay, v, inverse, w_scale, v_scale)
+    recurrence = {**shape, "BV": block_v, "NV": value_tiles, **where, **DESIGNS[design], "L2NORM": l2norm}
+    chunk_tensors = (q, k, held.w, held.u, held.scores, held.q_scale, held.k_scale, held.decay, v, held.inverse,
+                     held.w_scale, held.v_scale, held.gate_cumsum, held.k_rnorm)
     h_init, start_known = initial, has_initial
     if segment_chunks:
         h_local = torch.empty(max_segments, value_heads, key_dim, value_dim, dtype=torch.float32, device=device)
         transitions = torch.empty(max_segments, value_heads, key_dim, key_dim, dtype=torch.float32, device=device)
         run.recurrence(
             (value_tiles + -(-key_dim // block_v), max_segments, value_heads),
-            (*chunk_tensors, final, final, o, h_local, transitions, *segments),
+            (*chunk_tensors, final, final, o, h_local, transitions, *segments, scale),
             spec_key=(spec, True), **recurrence, HAS_INITIAL=False, SEGMENT_STATE=True, STORE_FINAL=False,
             num_warps=num_warps, num_stages=num_stages,
         )
@@ -261,10 +261,50 @@ def _launch_passes(
         start_known = True
     run.recurrence(
         (value_tiles, max_segments, value_heads),
-        (*chunk_tensors, h_init, final, o, final, final, *segments),
+        (*chunk_tensors, h_init, final, o, final, final, *segments, scale),
         spec_key=(spec, False), **recurrence, HAS_INITIAL=start_known, SEGMENT_STATE=False,
         STORE_FINAL=output_final_state, num_warps=num_warps, num_stages=num_stages,
     )
+
+
+@dataclass(frozen=True)
+class _Intermediates:
+    """What the prepare pass writes for the recurrence; a design's unused ones alias a used tensor."""
+
+    w: torch.Tensor
+    u: torch.Tensor
+    scores: torch.Tensor
+    inverse: torch.Tensor
+    q_scale: torch.Tensor
+    k_scale: torch.Tensor
+    decay: torch.Tensor
+    w_scale: torch.Tensor
+    v_scale: torch.Tensor
+    gate_cumsum: torch.Tensor
+    k_rnorm: torch.Tensor
+
+
+def _intermediates(flags: dict[str, bool], total: int, value_heads: int, key_dim: int, value_dim: int,
+                   dtype: torch.dtype, device: torch.device) -> _Intermediates:
+    apply_inverse, form_scores = flags["APPLY_INVERSE"], flags["FORM_SCORES"]
+    # fp32 row scales, one plane each: q, k, decay; w and v (Ai applied); gc and 1/||k|| (P formed).
+    planes = torch.empty(3 + 2 * apply_inverse + 2 * form_scores, total, value_heads, dtype=torch.float32,
+                         device=device).unbind(0)
+    unused = planes[0]  # stands for what a design does not read
+    w_scale, v_scale = planes[3:5] if apply_inverse else (unused, unused)
+    gate_cumsum, k_rnorm = planes[-2:] if form_scores else (unused, unused)
+    # Chunk x chunk tiles per token and head: Ai and/or the scores P.
+    squares = torch.empty(1 + (apply_inverse and not form_scores), total, value_heads, CHUNK, dtype=dtype,
+                          device=device).unbind(0)
+    inverse = squares[0] if apply_inverse else unused
+    scores = squares[-1] if not form_scores else unused
+    if apply_inverse:
+        w = u = unused
+    else:
+        w = torch.empty(total, value_heads, key_dim, dtype=dtype, device=device)
+        u = torch.empty(total, value_heads, value_dim, dtype=dtype, device=device)
+    return _Intermediates(w=w, u=u, scores=scores, inverse=inverse, q_scale=planes[0], k_scale=planes[1],
+                          decay=planes[2], w_scale=w_scale, v_scale=v_scale, gate_cumsum=gate_cumsum, k_rnorm=k_rnorm)
 
 
 @torch.library.custom_op("polykernels::chunk_gated_delta_rule", mutates_args=())

@@ -13,7 +13,8 @@
    With ``APPLY_INVERSE`` (both passes) prepare stores Ai and two row scales instead of w and u,
    and the recurrence forms v_new = Ai (vs . v - ws . (k h)): a third product on the sequential
    path, two fewer in prepare, and no w or u round trip through HBM (192 instead of 232 KiB per
-   chunk and head at K = V = 128 with two V tiles). chunk.RECURRENCE_APPLIES_INVERSE chooses.
+   chunk and head at K = V = 128 with two V tiles). With ``FORM_SCORES`` too, the recurrence
+   forms P from its q and k (152 KiB). chunk.DESIGNS names the designs, chunk.RECURRENCE_DESIGN picks.
    With ``SEGMENT_STATE`` it instead runs every segment but a sequence's last from a zero state
    (value columns) and from the identity (K transition columns, u = 0), storing the segment's local
    state and its K x K transition; ``kernels.gdn_combine_kernel`` turns those into each segment's
@@ -47,10 +48,11 @@ from polykernels.gated_delta_rule.kernels import (
 @triton.jit
 def gdn_prepare_kernel(
     Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr, AI_ptr, WS_ptr, VS_ptr,
-    CU, CHUNK_OFFSETS, T, N, CHUNKS_PER_SEQ, scale,
+    GC_ptr, RK_ptr, CU, CHUNK_OFFSETS, T, N, CHUNKS_PER_SEQ, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, NV: tl.constexpr, L2NORM: tl.constexpr, VARLEN: tl.constexpr, LOG_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INVERSE_PRECISION: tl.constexpr, APPLY_INVERSE: tl.constexpr,
+    FORM_SCORES: tl.constexpr,
 ):
     i_c = tl.program_id(0).to(tl.int64)
     i_hv = tl.program_id(1).to(tl.int64)
@@ -100,15 +102,22 @@ def gdn_prepare_kernel(
                 tl.store(u_chunk + _tile(rows, v_cols, HV * V), u.to(U_ptr.dtype.element_ty), mask=v_mask)
             keep = rows < first_bad
 
-        # Scores of l2-normalized q against l2-normalized k (k comes normalized).
-        q = tl.load(Q_ptr + (chunk_start * H + i_h) * K + _tile(rows, k_cols, H * K), mask=k_mask, other=0.0)
-        rq = _row_rsqrt_norm(q, L2NORM)
-        qn = (q.to(tl.float32) * rq[:, None]).to(dtype)
-        scores = tl.dot(qn, tl.trans(k), input_precision=DOT_PRECISION)
-        causal = (rows[:, None] >= rows[None, :]) & keep[None, :]
-        scores = tl.where(causal, scores * (scale * tl.exp(gc[:, None] - gc[None, :])), 0.0)
-        tl.store(P_ptr + row_of * BT + _tile(rows, rows, HV * BT), scores.to(P_ptr.dtype.element_ty),
-                 mask=in_chunk[:, None])
+        if FORM_SCORES:
+            # The recurrence forms the scores from its q and k: it gets the gate cumsum and 1 / ||k||,
+            # and takes q's norm from q itself (q_scale below leaves it out).
+            tl.store(GC_ptr + row_of + rows * HV, gc, mask=in_chunk)
+            tl.store(RK_ptr + row_of + rows * HV, rk, mask=in_chunk)
+            rq = tl.full([BT], 1.0, tl.float32)
+        else:
+            # Scores of l2-normalized q against l2-normalized k (k comes normalized).
+            q = tl.load(Q_ptr + (chunk_start * H + i_h) * K + _tile(rows, k_cols, H * K), mask=k_mask, other=0.0)
+            rq = _row_rsqrt_norm(q, L2NORM)
+            qn = (q.to(tl.float32) * rq[:, None]).to(dtype)
+            scores = tl.dot(qn, tl.trans(k), input_precision=DOT_PRECISION)
+            causal = (rows[:, None] >= rows[None, :]) & keep[None, :]
+            scores = tl.where(causal, scores * (scale * tl.exp(gc[:, None] - gc[None, :])), 0.0)
+            tl.store(P_ptr + row_of * BT + _tile(rows, rows, HV * BT), scores.to(P_ptr.dtype.element_ty),
+                     mask=in_chunk[:, None])
 
         # The sequential pass reads raw q and k: their norms, the gates and the masks go in here.
         # Padding rows and rows past a bad one have g = 0: the last row's cumsum is the chunk's total.
@@ -120,12 +129,12 @@ def gdn_prepare_kernel(
 
 @triton.jit
 def gdn_recurrence_kernel(
-    Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr, V_ptr, AI_ptr, WS_ptr, VS_ptr, HINIT_ptr, HT_ptr,
-    O_ptr, HLOC_ptr, M_ptr, CU, SEG_OFFSETS, T, N, SEGS_PER_SEQ, SEG_TOKENS,
+    Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr, V_ptr, AI_ptr, WS_ptr, VS_ptr, GC_ptr, RK_ptr,
+    HINIT_ptr, HT_ptr, O_ptr, HLOC_ptr, M_ptr, CU, SEG_OFFSETS, T, N, SEGS_PER_SEQ, SEG_TOKENS, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, NV: tl.constexpr, VARLEN: tl.constexpr, LOG_N: tl.constexpr, HAS_INITIAL: tl.constexpr,
     SEGMENT_STATE: tl.constexpr, STORE_FINAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    APPLY_INVERSE: tl.constexpr,
+    APPLY_INVERSE: tl.constexpr, FORM_SCORES: tl.constexpr, L2NORM: tl.constexpr,
 ):
     i_col = tl.program_id(0)
     i_s = tl.program_id(1).to(tl.int64)
@@ -180,8 +189,20 @@ def gdn_recurrence_kernel(
         update = (v_new * k_scale[:, None]).to(k.dtype)
         if not SEGMENT_STATE:
             q = tl.load(Q_ptr + qk_chunk + _tile(rows, k_cols, H * K), mask=k_mask, other=0.0)
-            scores = tl.load(P_ptr + row_of * BT + _tile(rows, rows, HV * BT), mask=row_mask[:, None], other=0.0)
             q_scale = tl.load(QS_ptr + row_of + rows * HV, mask=row_mask, other=0.0)
+            if FORM_SCORES:
+                # P = scale (q k^T / (||q|| ||k||)) . Gamma, causal. Columns past a non-finite row need
+                # no mask: only rows at or past it (whose outputs are NaN) see them.
+                rq = _row_rsqrt_norm(q, L2NORM)
+                gc = tl.load(GC_ptr + row_of + rows * HV, mask=row_mask, other=0.0)
+                rk = tl.load(RK_ptr + row_of + rows * HV, mask=row_mask, other=0.0)
+                q_scale = q_scale * rq
+                scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+                gamma = tl.exp(gc[:, None] - gc[None, :]) * (scale * rq)[:, None] * rk[None, :]
+                scores = tl.where(rows[:, None] >= rows[None, :], scores * gamma, 0.0).to(k.dtype)
+            else:
+                scores = tl.load(P_ptr + row_of * BT + _tile(rows, rows, HV * BT), mask=row_mask[:, None],
+                                 other=0.0)
             out = tl.dot(q, entering, input_precision=DOT_PRECISION) * q_scale[:, None]
             out += tl.dot(scores, v_new.to(k.dtype), input_precision=DOT_PRECISION)
             tl.store(O_ptr + row_of * V + v_tile, out.to(O_ptr.dtype.element_ty), mask=row_mask[:, None] & u_mask)

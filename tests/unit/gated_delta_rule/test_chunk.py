@@ -4,11 +4,12 @@ import pytest
 import torch
 
 from polykernels.gated_delta_rule import (
+    chunk,
     chunk_gated_delta_rule,
     chunk_gated_delta_rule_torch,
     naive_recurrent_gated_delta_rule,
 )
-from polykernels.gated_delta_rule.chunk import launch_chunk_gated_delta_rule
+from polykernels.gated_delta_rule.chunk import DESIGNS, launch_chunk_gated_delta_rule
 from tests.helpers import relative_rms_error
 
 BOUND = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 5e-3}
@@ -45,14 +46,10 @@ def check_against_naive(run, inputs, dtype, *, initial=False, cu_seqlens=None, l
     assert relative_rms_error(got_s, want_s) < BOUND[dtype]
 
 
-@pytest.fixture(params=[False, True], ids=["w-u", "applied-inverse"])
-def design(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
-    """Both designs of the two passes (chunk.RECURRENCE_APPLIES_INVERSE): w and u through HBM, or
-    Ai applied in the recurrence."""
-    from polykernels.gated_delta_rule import chunk
-
-    monkeypatch.setattr(chunk, "RECURRENCE_APPLIES_INVERSE", dict.fromkeys(chunk.RECURRENCE_APPLIES_INVERSE,
-                                                                           request.param))
+@pytest.fixture(params=list(DESIGNS))
+def design(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every design of the two passes (chunk.DESIGNS), whichever the launch table picks."""
+    monkeypatch.setattr(chunk, "RECURRENCE_DESIGN", dict.fromkeys(chunk.RECURRENCE_DESIGN, request.param))
     return request.param
 
 
@@ -70,7 +67,7 @@ CASES = {
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)  # interpreter bf16 dots are broken
 @pytest.mark.parametrize("initial", [False, True], ids=["h0-none", "h0-random"])
-def test_triton_kernels_match_naive_recurrence(design: bool, case: str, dtype: torch.dtype, initial: bool) -> None:
+def test_triton_kernels_match_naive_recurrence(design: str, case: str, dtype: torch.dtype, initial: bool) -> None:
     check_against_naive(launch_chunk_gated_delta_rule, make_inputs(*CASES[case], dtype), dtype, initial=initial)
 
 
@@ -83,14 +80,14 @@ def test_triton_kernels_extreme_gates(gate: str) -> None:
 
 
 @pytest.mark.cpu_only
-def test_triton_kernels_l2norm_in_kernel(design: bool) -> None:
+def test_triton_kernels_l2norm_in_kernel(design: str) -> None:
     dtype = torch.float32
     inputs = make_inputs(1, 70, 2, 4, 32, 32, dtype, l2norm_outside=False)
     check_against_naive(launch_chunk_gated_delta_rule, inputs, dtype, l2norm=True)
 
 
 @pytest.mark.cpu_only
-def test_triton_kernels_varlen_mixed_lengths(design: bool) -> None:
+def test_triton_kernels_varlen_mixed_lengths(design: str) -> None:
     lengths = [1, 63, 0, 64, 65, 1]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     dtype = torch.float32
@@ -102,7 +99,7 @@ def test_triton_kernels_varlen_mixed_lengths(design: bool) -> None:
 @pytest.mark.cpu_only
 @pytest.mark.parametrize(("batch", "tokens", "segments"), [(1, 300, 3), (2, 200, 2), (1, 130, 5)],
                          ids=["B1-T300-3seg", "B2-T200-2seg", "B1-T130-one-chunk-segments"])
-def test_triton_context_parallel_segments_match_naive(design: bool, batch: int, tokens: int, segments: int) -> None:
+def test_triton_context_parallel_segments_match_naive(design: str, batch: int, tokens: int, segments: int) -> None:
     # Segments start from a zero state and the identity, then a scan gives each its initial state.
     dtype = torch.float32
     inputs = make_inputs(batch, tokens, 1, 2, 32, 48, dtype)
@@ -114,7 +111,7 @@ def test_triton_context_parallel_segments_match_naive(design: bool, batch: int, 
 
 
 @pytest.mark.cpu_only
-def test_triton_varlen_sequences_split_independently(design: bool) -> None:
+def test_triton_varlen_sequences_split_independently(design: str) -> None:
     lengths = [10, 250, 0, 40]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     dtype = torch.float32
@@ -148,7 +145,7 @@ NAN_POSITIONS = [0, 6, 63, 64, 100, 129]
 
 @pytest.mark.cpu_only
 @pytest.mark.parametrize("segments", [None, 2], ids=["whole", "2-segments"])
-def test_triton_nan_never_reaches_earlier_tokens(design: bool, segments) -> None:
+def test_triton_nan_never_reaches_earlier_tokens(design: str, segments) -> None:
     _nan_causality(lambda *a: launch_chunk_gated_delta_rule(*a, 0.2, None, True, None, False, segments), "cpu",
                    NAN_POSITIONS)
 
@@ -276,13 +273,13 @@ GPU_CASES = [(case, torch.bfloat16) for case in CASES] + [("T65", torch.float16)
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("case", "dtype"), GPU_CASES, ids=lambda v: str(v).removeprefix("torch."))
-def test_gpu_matches_naive_recurrence(design: bool, gpu_device: str, case: str, dtype: torch.dtype) -> None:
+def test_gpu_matches_naive_recurrence(design: str, gpu_device: str, case: str, dtype: torch.dtype) -> None:
     inputs = make_inputs(*CASES[case], dtype, device=gpu_device)
     check_against_naive(launch_chunk_gated_delta_rule, inputs, dtype, initial=True)
 
 
 @pytest.mark.gpu
-def test_gpu_varlen_and_l2norm(design: bool, gpu_device: str) -> None:
+def test_gpu_varlen_and_l2norm(design: str, gpu_device: str) -> None:
     lengths = [1, 63, 0, 64, 65, 1, 300]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=gpu_device)
     inputs = make_inputs(1, int(cu[-1]), 2, 4, 128, 128, torch.bfloat16, device=gpu_device, l2norm_outside=False)
@@ -292,7 +289,7 @@ def test_gpu_varlen_and_l2norm(design: bool, gpu_device: str) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("segments", [None, 1, 7], ids=["auto", "whole", "7-segments"])
-def test_gpu_segments_match_naive(design: bool, gpu_device: str, segments) -> None:
+def test_gpu_segments_match_naive(design: str, gpu_device: str, segments) -> None:
     inputs = make_inputs(2, 1000, 2, 8, 128, 128, torch.bfloat16, device=gpu_device)
 
     def run(*args):
@@ -303,7 +300,7 @@ def test_gpu_segments_match_naive(design: bool, gpu_device: str, segments) -> No
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("segments", [None, 2], ids=["whole", "2-segments"])
-def test_gpu_nan_never_reaches_earlier_tokens(design: bool, gpu_device: str, segments) -> None:
+def test_gpu_nan_never_reaches_earlier_tokens(design: str, gpu_device: str, segments) -> None:
     _nan_causality(lambda *a: launch_chunk_gated_delta_rule(*a, 0.2, None, True, None, False, segments), gpu_device,
                    range(130))
 
@@ -348,7 +345,8 @@ def test_kernels_compile_for_amd(target: str) -> None:
 
     names = [name for name in kernels() if name.startswith("gdn_")]
     assert set(names) == {"gdn_plan", "gdn_prepare", "gdn_recurrence", "gdn_segment_state", "gdn_combine",
-                          "gdn_recurrence_fp32", "gdn_prepare_ai", "gdn_recurrence_ai", "gdn_segment_state_ai"}
+                          "gdn_recurrence_fp32", "gdn_prepare_ai_p", "gdn_recurrence_ai_p", "gdn_prepare_ai",
+                          "gdn_recurrence_ai", "gdn_segment_state_ai"}
     for kernel in names:
         result = probe(kernel, target)
         assert result.compiled and result.consistent, result.detail
