@@ -193,18 +193,21 @@ def gdn_recurrence_kernel(
             if FORM_SCORES:
                 # P = scale (q k^T / (||q|| ||k||)) . Gamma, causal. Columns past a non-finite row need
                 # no mask: only rows at or past it (whose outputs are NaN) see them.
+                # The row factors go on the 64 x BV operands, not on the chunk x chunk tile.
                 rq = _row_rsqrt_norm(q, L2NORM)
                 gc = tl.load(GC_ptr + row_of + rows * HV, mask=row_mask, other=0.0)
                 rk = tl.load(RK_ptr + row_of + rows * HV, mask=row_mask, other=0.0)
-                q_scale = q_scale * rq
                 scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-                gamma = tl.exp(gc[:, None] - gc[None, :]) * (scale * rq)[:, None] * rk[None, :]
-                scores = tl.where(rows[:, None] >= rows[None, :], scores * gamma, 0.0).to(k.dtype)
+                causal = rows[:, None] >= rows[None, :]
+                scores = tl.where(causal, scores * tl.exp(gc[:, None] - gc[None, :]), 0.0).to(k.dtype)
+                out = tl.dot(scores, (v_new * rk[:, None]).to(k.dtype), input_precision=DOT_PRECISION)
+                out = out * (scale * rq)[:, None] + tl.dot(q, entering, input_precision=DOT_PRECISION) * (
+                    q_scale * rq)[:, None]
             else:
                 scores = tl.load(P_ptr + row_of * BT + _tile(rows, rows, HV * BT), mask=row_mask[:, None],
                                  other=0.0)
-            out = tl.dot(q, entering, input_precision=DOT_PRECISION) * q_scale[:, None]
-            out += tl.dot(scores, v_new.to(k.dtype), input_precision=DOT_PRECISION)
+                out = tl.dot(q, entering, input_precision=DOT_PRECISION) * q_scale[:, None]
+                out += tl.dot(scores, v_new.to(k.dtype), input_precision=DOT_PRECISION)
             tl.store(O_ptr + row_of * V + v_tile, out.to(O_ptr.dtype.element_ty), mask=row_mask[:, None] & u_mask)
         state = state * decay + tl.dot(tl.trans(k), update, input_precision=DOT_PRECISION)
 
