@@ -24,6 +24,12 @@ timeout "${SUITES_TIMEOUT:-200}" python3 -m polykernels.suites --report "$out/su
 
 step "benchmarks"
 timeout "${BENCH_TIMEOUT:-240}" python3 -m nox -s bench -- --out "$out" 2>&1 | tee "$out/bench.log" | tail -40
+step "GDN accuracy against the fp64 recurrence (every design of the two passes, FLA)"
+timeout "${ACCURACY_TIMEOUT:-240}" python3 -m benchmarks.gdn_accuracy "${ACCURACY_MAX_TOKENS:-65536}" \
+  | tee "$out/gdn_accuracy.jsonl"
 step "large-index check (state buffer past 2^31 elements)"
-timeout "${LARGE_TIMEOUT:-120}" python3 -m benchmarks.gdn_large_index | tee "$out/large_index.json"
+for design in $(python3 -c "from polykernels.gated_delta_rule.chunk import DESIGNS; print(*DESIGNS)"); do
+  timeout "${LARGE_TIMEOUT:-120}" python3 -m benchmarks.gdn_large_index --design "$design" \
+    | tee -a "$out/large_index.jsonl"
+done
 step "done"

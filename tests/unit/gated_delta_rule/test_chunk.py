@@ -326,7 +326,7 @@ def test_gpu_capturable_in_a_cuda_graph(gpu_device: str, packed: bool) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.slow
-def test_gpu_offsets_past_2_pow_31_elements(gpu_device: str) -> None:
+def test_gpu_offsets_past_2_pow_31_elements(design: str, gpu_device: str) -> None:
     # HV = 32, K = V = 128: q, k, v and o pass 2^31 elements beyond 524,288 tokens, on the
     # segmented (context-parallel) path. The oracle needs no dense reference: the same sequence
     # in pieces chained through final_state -> initial_state must give the same output and state.
