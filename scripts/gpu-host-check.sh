@@ -1,35 +1,53 @@
 #!/usr/bin/env bash
 # On a GPU host with torch, triton and nvcc: build the CUDA extension in place, then run the GPU
-# tests, the pre-publish suites and the benchmarks. A debugging shortcut: releases test the
-# wheel built in the builder image instead (nox -s gate).
-#   scripts/gpu-host-check.sh OUT_DIR [pytest args...]
+# tests, the pre-publish suites, the benchmarks, the GDN accuracy check and the >2^31-element
+# check. A debugging shortcut: releases test the wheel built in the builder image instead (nox -s gate).
+#   [STEPS="tests suites bench accuracy large-index"] scripts/gpu-host-check.sh OUT_DIR [pytest args...]
+# STEPS picks which of them run (all by default); each has its own timeout (*_TIMEOUT, seconds);
+# BENCH_ARGS goes to the benchmarks (e.g. "--only gdn --case T32768").
 set -uo pipefail
 out=${1:-build/gpu-check}
 shift || true
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
+steps=" ${STEPS:-tests suites bench accuracy large-index} "
 step() { echo "== $1 ($(date -u +%H:%M:%S))"; }
+wanted() { [[ $steps == *" $1 "* ]]; }
 
 step "build the CUDA extension (TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0})"
 POLYKERNELS_BACKEND=cuda TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} \
   python3 setup.py -q build_ext --inplace >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
 
-step "GPU tests"
-timeout "${TEST_TIMEOUT:-300}" python3 -m pytest tests/unit -m "gpu and not slow" --run-gpu -q -rfE \
-  -p no:cacheprovider --durations=5 "$@" 2>&1 | tee "$out/pytest.log" | grep -vE '^\s*$' | tail -25
+if wanted tests; then
+  step "GPU tests"
+  timeout "${TEST_TIMEOUT:-300}" python3 -m pytest tests/unit -m "gpu and not slow" --run-gpu -q -rfE \
+    -p no:cacheprovider --durations=5 "$@" 2>&1 | tee "$out/pytest.log" | grep -vE '^\s*$' | tail -25
+fi
 
-step "suites"
-timeout "${SUITES_TIMEOUT:-200}" python3 -m polykernels.suites --report "$out/suites.json" 2>&1 | tee "$out/suites.log"
+if wanted suites; then
+  step "suites"
+  timeout "${SUITES_TIMEOUT:-200}" python3 -m polykernels.suites --report "$out/suites.json" 2>&1 \
+    | tee "$out/suites.log"
+fi
 
-step "benchmarks"
-timeout "${BENCH_TIMEOUT:-240}" python3 -m nox -s bench -- --out "$out" 2>&1 | tee "$out/bench.log" | tail -40
-step "GDN accuracy against the fp64 recurrence (every design of the two passes, FLA)"
-timeout "${ACCURACY_TIMEOUT:-240}" python3 -m benchmarks.gdn_accuracy "${ACCURACY_MAX_TOKENS:-65536}" \
-  | tee "$out/gdn_accuracy.jsonl"
-step "large-index check (state buffer past 2^31 elements)"
-for design in $(python3 -c "from polykernels.gated_delta_rule.chunk import DESIGNS; print(*DESIGNS)"); do
-  timeout "${LARGE_TIMEOUT:-120}" python3 -m benchmarks.gdn_large_index --design "$design" \
-    | tee -a "$out/large_index.jsonl"
-done
+if wanted bench; then
+  step "benchmarks"
+  timeout "${BENCH_TIMEOUT:-240}" python3 -m nox -s bench -- --out "$out" ${BENCH_ARGS:-} 2>&1 \
+    | tee "$out/bench.log" | tail -40
+fi
+
+if wanted accuracy; then
+  step "GDN accuracy against the fp64 recurrence (every design of the two passes, FLA)"
+  timeout "${ACCURACY_TIMEOUT:-240}" python3 -m benchmarks.gdn_accuracy "${ACCURACY_MAX_TOKENS:-65536}" \
+    | tee "$out/gdn_accuracy.jsonl"
+fi
+
+if wanted large-index; then
+  step "large-index check (state buffer past 2^31 elements), per design of the GDN passes"
+  for design in $(python3 -c "from polykernels.gated_delta_rule.chunk import DESIGNS; print(*DESIGNS)"); do
+    timeout "${LARGE_TIMEOUT:-120}" python3 -m benchmarks.gdn_large_index --design "$design" \
+      | tee -a "$out/large_index.jsonl"
+  done
+fi
 step "done"
