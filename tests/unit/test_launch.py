@@ -105,9 +105,10 @@ def test_gated_delta_rule_spec_keys_decide_the_specialization(monkeypatch: pytes
     cases = itertools.product(
         [(1, 63, 2, 4, 32, 32), (2, 64, 1, 2, 16, 48), (1, 200, 1, 1, 32, 32)],
         [torch.bfloat16, torch.float32], [None, torch.int32, torch.int64], [False, True], [None, 3], [False, True],
-        [False, True],
+        [False, True], chunk.DESIGNS, [torch.float32, torch.bfloat16],
     )
-    for shape, dtype, cu_dtype, initial, segments, misaligned, final in cases:
+    for shape, dtype, cu_dtype, initial, segments, misaligned, final, design, g_dtype in cases:
+        monkeypatch.setitem(chunk.RECURRENCE_DESIGN, shape[4], design)
         batch, tokens, heads, value_heads, key_dim, value_dim = shape
         if cu_dtype is not None and batch != 1:
             continue
@@ -115,7 +116,7 @@ def test_gated_delta_rule_spec_keys_decide_the_specialization(monkeypatch: pytes
         q = make((batch, tokens, heads, key_dim), dtype)
         k = torch.randn(batch, tokens, heads, key_dim).to(dtype)
         v = torch.randn(batch, tokens, value_heads, value_dim).to(dtype)
-        g = -torch.rand(batch, tokens, value_heads)
+        g = -torch.rand(batch, tokens, value_heads).to(g_dtype)
         beta = make((batch, tokens, value_heads), torch.bfloat16)
         cu = None if cu_dtype is None else torch.tensor([0, tokens // 3, tokens], dtype=cu_dtype)
         num_seqs = batch if cu is None else 2

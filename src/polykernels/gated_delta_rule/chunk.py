@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import torch
 
@@ -69,15 +70,6 @@ def plan_segments(
     return SegmentPlan(segments=segments, segment_chunks=-(-chunks // segments), block_v=block_v, reason=why)
 
 
-@functools.lru_cache(maxsize=1024)
-def _cached_plan(num_seqs: int, total_tokens: int, value_heads: int, sm_count: int, num_segments: int | None,
-                 key_dim: int, value_dim: int) -> SegmentPlan:
-    """plan_segments per class of call: deciding costs more host time than a launch. A sweep that
-    edits the launch tables clears it."""
-    return plan_segments(num_seqs, total_tokens, value_heads, sm_count, num_segments, key_dim=key_dim,
-                         value_dim=value_dim)
-
-
 @functools.cache
 def _launchers() -> SimpleNamespace:
     from polykernels._launch import Launcher
@@ -137,147 +129,158 @@ def launch_chunk_gated_delta_rule(
     use_qk_l2norm_in_kernel: bool,
     num_segments: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Runs the Triton kernels. No host synchronization and no host-built tables: capturable in a CUDA graph."""
+    """Runs the Triton kernels. No host synchronization and no host-built tables: capturable in a CUDA graph.
+
+    The parallel prepare pass, then the sequential pass (context-parallel when the plan cuts the
+    sequences into segments). Everything but the tensors follows from the call's class and is
+    worked out once per class (``_recipe``).
+    """
     batch, tokens, _, key_dim = q.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
-    varlen = cu_seqlens is not None
-    num_seqs = cu_seqlens.shape[0] - 1 if varlen else batch
-    total = batch * tokens
+    num_seqs = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else batch
     device = q.device
     o = torch.empty_like(v)
     final = torch.empty(num_seqs, value_heads, key_dim, value_dim, dtype=torch.float32, device=device)
-    if total == 0 or num_seqs == 0:
+    if batch * tokens == 0 or num_seqs == 0:
         if output_final_state:
             final.copy_(initial_state if initial_state is not None else torch.zeros_like(final))
         return o, final if output_final_state else None
 
-    plan = _cached_plan(num_seqs, total, value_heads, platform.sm_count(device), num_segments, key_dim, value_dim)
-    # 0: each sequence is one segment (the plan kernel then counts one segment per sequence).
-    segment_chunks = plan.segment_chunks if plan.segments > 1 else 0
-    precision = guards.dot_precision(fp32_inputs=q.dtype == torch.float32)
-    log_n = max(1, num_seqs.bit_length())
-    if varlen:
+    block_k = _block(key_dim)
+    recipe = _recipe(q.shape, v.shape, q.dtype, None if cu_seqlens is None else cu_seqlens.dtype, num_seqs,
+                     initial_state is not None, output_final_state, use_qk_l2norm_in_kernel, num_segments, device,
+                     platform.current(), RECURRENCE_DESIGN[block_k], RECURRENCE_BLOCK_V[block_k],
+                     RECURRENCE_LAUNCH[block_k], PREPARE_LAUNCH[max(block_k, PREPARE_MIN_BLOCK)])
+    run = _launchers()
+    if cu_seqlens is not None:
         # Chunk and segment counts per sequence are computed on the GPU: no host round trip.
         offsets = torch.empty(2, num_seqs + 1, dtype=torch.int64, device=device)
-        chunk_offsets, seg_offsets = offsets[0], offsets[1]
-        max_chunks = -(-total // CHUNK) + num_seqs
-        _launchers().plan((1,), (cu_seqlens, chunk_offsets, seg_offsets, num_seqs, segment_chunks or WHOLE_SEQUENCE),
-                          spec_key=(cu_seqlens.dtype, cu_seqlens.data_ptr() & 15, num_seqs, segment_chunks),
-                          BT=CHUNK, BLOCK=1024, num_warps=4, num_stages=1)
+        cu, chunk_offsets, seg_offsets = cu_seqlens, offsets[0], offsets[1]
+        run.plan((1,), (cu, chunk_offsets, seg_offsets, num_seqs, recipe.segment_chunks or WHOLE_SEQUENCE),
+                 spec_key=(recipe.spec, cu.data_ptr() & 15), **recipe.plan_meta)
     else:
-        chunk_offsets = seg_offsets = _unused_offsets(device)
-        max_chunks = num_seqs * -(-tokens // CHUNK)
-    tables = _Tables(cu=cu_seqlens if varlen else chunk_offsets, chunk_offsets=chunk_offsets,
-                     seg_offsets=seg_offsets, max_chunks=max_chunks, num_seqs=num_seqs, varlen=varlen, log_n=log_n)
+        cu = chunk_offsets = seg_offsets = _unused_offsets(device)
     initial = initial_state.float().contiguous() if initial_state is not None else final
-    flags = {"has_initial": initial_state is not None, "output_final_state": output_final_state,
-             "l2norm": use_qk_l2norm_in_kernel, "precision": precision,
-             "inverse_precision": guards.inverse_precision(fp32_inputs=q.dtype == torch.float32)}
-    _launch_passes(q, k, v, g, beta, scale, initial, o, final, tables, segment_chunks, plan.block_v, **flags)
+    held = _intermediates(recipe.design_flags, batch * tokens, value_heads, key_dim, value_dim, q.dtype, device)
+    # The launchers' spec_key: the recipe's (every integer argument and constexpr, the dtypes), then
+    # each caller tensor's 16-byte alignment (the rest are fresh allocations).
+    spec = (recipe.spec, q.data_ptr() & 15, k.data_ptr() & 15, v.data_ptr() & 15, g.dtype, g.data_ptr() & 15,
+            beta.dtype, beta.data_ptr() & 15, initial.data_ptr() & 15, cu.data_ptr() & 15)
+    run.prepare(recipe.prepare_grid, (q, k, v, g, beta, *held, cu, chunk_offsets, tokens, num_seqs,
+                                      recipe.chunks_per_seq, scale), spec_key=spec, **recipe.prepare_meta)
+    chunk_tensors = (q, k, v, *held)
+    segments = (cu, seg_offsets, tokens, num_seqs, recipe.segments_per_seq, recipe.segment_tokens, scale)
+    h_init = initial
+    if recipe.segment_chunks:
+        h_local = torch.empty(recipe.max_segments, value_heads, key_dim, value_dim, dtype=torch.float32,
+                              device=device)
+        transitions = torch.empty(recipe.max_segments, value_heads, key_dim, key_dim, dtype=torch.float32,
+                                  device=device)
+        run.recurrence(recipe.segment_state_grid, (*chunk_tensors, final, final, o, h_local, transitions, *segments),
+                       spec_key=(spec, True), **recipe.segment_state_meta)
+        h_init = torch.empty_like(h_local)
+        run.combine(recipe.combine_grid, (initial, h_local, transitions, h_init, cu, seg_offsets, num_seqs,
+                                          recipe.segments_per_seq), spec_key=spec, **recipe.combine_meta)
+    run.recurrence(recipe.recurrence_grid, (*chunk_tensors, h_init, final, o, final, final, *segments),
+                   spec_key=(spec, False), **recipe.recurrence_meta)
     return o, final if output_final_state else None
 
 
 @dataclass(frozen=True, kw_only=True)
-class _Tables:
-    """Where the sequences and chunks are: packed boundaries and running counts (on the GPU), or none."""
+class _Recipe:
+    """The launches of one class of call: grids, constexprs and options, and the integer arguments
+    that are not shapes. ``spec`` is the class itself, the first part of every launch's spec_key."""
 
-    cu: torch.Tensor
-    chunk_offsets: torch.Tensor
-    seg_offsets: torch.Tensor
-    max_chunks: int  # programs of the per-chunk kernels: an upper bound for packed sequences
-    num_seqs: int
-    varlen: bool
-    log_n: int
+    spec: tuple
+    design_flags: dict[str, bool]
+    chunks_per_seq: int
+    segment_chunks: int  # 0: each sequence is one segment (the plan kernel then counts one per sequence)
+    segments_per_seq: int
+    max_segments: int
+    segment_tokens: int
+    plan_meta: dict[str, object]
+    prepare_grid: tuple[int, ...]
+    prepare_meta: dict[str, object]
+    segment_state_grid: tuple[int, ...]
+    segment_state_meta: dict[str, object]
+    combine_grid: tuple[int, ...]
+    combine_meta: dict[str, object]
+    recurrence_grid: tuple[int, ...]
+    recurrence_meta: dict[str, object]
 
 
-def _launch_passes(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, scale: float,
-    initial: torch.Tensor, o: torch.Tensor, final: torch.Tensor, tables: _Tables, segment_chunks: int,
-    block_v: int, *, has_initial: bool, output_final_state: bool, l2norm: bool, precision: str,
-    inverse_precision: str,
-) -> None:
-    """The parallel prepare pass, then the sequential pass (context-parallel when segment_chunks > 0)."""
-    run = _launchers()
-    batch, tokens, heads, key_dim = q.shape
-    value_heads, value_dim = v.shape[2], v.shape[3]
-    total, device, dtype = batch * tokens, q.device, q.dtype
-    block_k = _block(key_dim)
-    # Stages the device cannot hold (fp32 tiles; 64 KiB on gfx942) fall back in the launcher.
-    num_warps, num_stages = RECURRENCE_LAUNCH[block_k]
-    prep_block_k = max(block_k, PREPARE_MIN_BLOCK)
-    prep_bv, prep_warps = PREPARE_LAUNCH[prep_block_k]
-    prep_bv = max(min(prep_bv, _block(value_dim)), PREPARE_MIN_BLOCK)
-    num_seqs, varlen = tables.num_seqs, tables.varlen
+# Per class of call: deciding costs more host time than a launch. The key holds the launch-table
+# entries the recipe reads, so a sweep or a test that edits a table gets a new recipe.
+@functools.lru_cache(maxsize=256)
+def _recipe(
+    q_shape: torch.Size, v_shape: torch.Size, dtype: torch.dtype, cu_dtype: torch.dtype | None, num_seqs: int,
+    has_initial: bool, output_final_state: bool, l2norm: bool, num_segments: int | None, device: torch.device,
+    seen: platform.Platform, design: str, block_vs: tuple[int, int], launch: tuple[int, int],
+    prepare_launch: tuple[int, int],
+) -> _Recipe:
+    batch, tokens, heads, key_dim = q_shape
+    value_heads, value_dim = v_shape[2], v_shape[3]
+    varlen, total = cu_dtype is not None, batch * tokens
+    plan = plan_segments(num_seqs, total, value_heads, platform.sm_count(device), num_segments, key_dim=key_dim,
+                         value_dim=value_dim)
+    segment_chunks = plan.segment_chunks if plan.segments > 1 else 0
+    block_k, block_v = _block(key_dim), plan.block_v
+    precision = guards.dot_precision(fp32_inputs=dtype == torch.float32)
     chunks_per_seq = -(-tokens // CHUNK)
-    design = RECURRENCE_DESIGN[block_k]
-    held = _intermediates(DESIGNS[design], total, value_heads, key_dim, value_dim, dtype, device)
-    # The launchers' spec_key: the shapes, plan and flags give every integer argument and constexpr;
-    # then the dtypes and each caller tensor's 16-byte alignment (the rest are fresh allocations).
-    spec = (q.shape, v.shape, dtype, g.dtype, beta.dtype, tables.cu.dtype, num_seqs, varlen, segment_chunks, block_v,
-            has_initial, output_final_state, l2norm, precision, inverse_precision, design,
-            *[t.data_ptr() & 15 for t in (q, k, v, g, beta, initial, tables.cu)])
-    shape = {"H": heads, "HV": value_heads, "K": key_dim, "V": value_dim, "BT": CHUNK, "BK": block_k}
-    where = {"VARLEN": varlen, "LOG_N": tables.log_n, "DOT_PRECISION": precision}
-    run.prepare(
-        (tables.max_chunks, value_heads),
-        (q, k, v, g, beta, held.w, held.u, held.scores, held.q_scale, held.k_scale, held.decay, held.inverse,
-         held.w_scale, held.v_scale, held.gate_cumsum, held.k_rnorm, tables.cu, tables.chunk_offsets, tokens,
-         num_seqs, chunks_per_seq, scale),
-        spec_key=spec, **{**shape, "BK": prep_block_k}, BV=prep_bv, NV=-(-value_dim // prep_bv), L2NORM=l2norm,
-        **where, INVERSE_PRECISION=inverse_precision, **DESIGNS[design], num_warps=prep_warps, num_stages=1,
-    )
-    value_tiles = -(-value_dim // block_v)
-    if segment_chunks:
-        if varlen:
-            segments_per_seq, max_segments = 1, -(-tables.max_chunks // segment_chunks) + num_seqs
-        else:
-            segments_per_seq = -(-chunks_per_seq // segment_chunks)
-            max_segments = num_seqs * segments_per_seq
-        segment_tokens = segment_chunks * CHUNK
-    else:  # one segment per sequence (the plan kernel counted one per packed sequence)
+    max_chunks = -(-total // CHUNK) + num_seqs if varlen else num_seqs * chunks_per_seq
+    if not segment_chunks:  # one segment per sequence (the plan kernel counted one per packed sequence)
         segments_per_seq, max_segments, segment_tokens = 1, num_seqs, WHOLE_SEQUENCE * CHUNK
-    seg_offsets = tables.seg_offsets
-    segments = (tables.cu, seg_offsets, tokens, num_seqs, segments_per_seq, segment_tokens)
-    recurrence = {**shape, "BV": block_v, "NV": value_tiles, **where, **DESIGNS[design], "L2NORM": l2norm}
-    chunk_tensors = (q, k, held.w, held.u, held.scores, held.q_scale, held.k_scale, held.decay, v, held.inverse,
-                     held.w_scale, held.v_scale, held.gate_cumsum, held.k_rnorm)
-    h_init, start_known = initial, has_initial
-    if segment_chunks:
-        h_local = torch.empty(max_segments, value_heads, key_dim, value_dim, dtype=torch.float32, device=device)
-        transitions = torch.empty(max_segments, value_heads, key_dim, key_dim, dtype=torch.float32, device=device)
-        run.recurrence(
-            (value_tiles + -(-key_dim // block_v), max_segments, value_heads),
-            (*chunk_tensors, final, final, o, h_local, transitions, *segments, scale),
-            spec_key=(spec, True), **recurrence, HAS_INITIAL=False, SEGMENT_STATE=True, STORE_FINAL=False,
-            num_warps=num_warps, num_stages=num_stages,
-        )
-        h_init = torch.empty_like(h_local)
-        run.combine(
-            (value_tiles, num_seqs, value_heads),
-            (initial, h_local, transitions, h_init, tables.cu, seg_offsets, num_seqs, segments_per_seq),
-            spec_key=spec, HV=value_heads, K=key_dim, V=value_dim, BK=block_k, BV=block_v, KB=32,
-            HAS_INITIAL=has_initial, VARLEN=varlen, DOT_PRECISION=precision, num_warps=4, num_stages=1,
-        )
-        start_known = True
-    run.recurrence(
-        (value_tiles, max_segments, value_heads),
-        (*chunk_tensors, h_init, final, o, final, final, *segments, scale),
-        spec_key=(spec, False), **recurrence, HAS_INITIAL=start_known, SEGMENT_STATE=False,
-        STORE_FINAL=output_final_state, num_warps=num_warps, num_stages=num_stages,
+    elif varlen:
+        segments_per_seq, max_segments = 1, -(-max_chunks // segment_chunks) + num_seqs
+        segment_tokens = segment_chunks * CHUNK
+    else:
+        segments_per_seq = -(-chunks_per_seq // segment_chunks)
+        max_segments, segment_tokens = num_seqs * segments_per_seq, segment_chunks * CHUNK
+    prep_bv, prep_warps = prepare_launch
+    prep_bv = max(min(prep_bv, _block(value_dim)), PREPARE_MIN_BLOCK)
+    # Stages the device cannot hold (fp32 tiles; 64 KiB on gfx942) fall back in the launcher.
+    num_warps, num_stages = launch
+    flags = DESIGNS[design]
+    shape = {"H": heads, "HV": value_heads, "K": key_dim, "V": value_dim, "BT": CHUNK, "BK": block_k}
+    where = {"VARLEN": varlen, "LOG_N": max(1, num_seqs.bit_length()), "DOT_PRECISION": precision}
+    value_tiles = -(-value_dim // block_v)
+    recurrence = {**shape, "BV": block_v, "NV": value_tiles, **where}
+    recurrence_tail = {**flags, "L2NORM": l2norm, "num_warps": num_warps, "num_stages": num_stages}
+    return _Recipe(
+        spec=(q_shape, v_shape, dtype, cu_dtype, num_seqs, has_initial, output_final_state, l2norm, num_segments,
+              device, seen, design, block_vs, launch, prepare_launch),
+        design_flags=flags, chunks_per_seq=chunks_per_seq, segment_chunks=segment_chunks,
+        segments_per_seq=segments_per_seq, max_segments=max_segments, segment_tokens=segment_tokens,
+        plan_meta={"BT": CHUNK, "BLOCK": 1024, "num_warps": 4, "num_stages": 1},
+        prepare_grid=(max_chunks, value_heads),
+        prepare_meta={**shape, "BK": max(block_k, PREPARE_MIN_BLOCK), "BV": prep_bv, "NV": -(-value_dim // prep_bv),
+                      "L2NORM": l2norm, **where,
+                      "INVERSE_PRECISION": guards.inverse_precision(fp32_inputs=dtype == torch.float32), **flags,
+                      "num_warps": prep_warps, "num_stages": 1},
+        segment_state_grid=(value_tiles + -(-key_dim // block_v), max_segments, value_heads),
+        segment_state_meta={**recurrence, "HAS_INITIAL": False, "SEGMENT_STATE": True, "STORE_FINAL": False,
+                            **recurrence_tail},
+        combine_grid=(value_tiles, num_seqs, value_heads),
+        combine_meta={"HV": value_heads, "K": key_dim, "V": value_dim, "BK": block_k, "BV": block_v, "KB": 32,
+                      "HAS_INITIAL": has_initial, "VARLEN": varlen, "DOT_PRECISION": precision, "num_warps": 4,
+                      "num_stages": 1},
+        recurrence_grid=(value_tiles, max_segments, value_heads),
+        recurrence_meta={**recurrence, "HAS_INITIAL": has_initial or bool(segment_chunks), "SEGMENT_STATE": False,
+                         "STORE_FINAL": output_final_state, **recurrence_tail},
     )
 
 
-@dataclass(frozen=True)
-class _Intermediates:
-    """What the prepare pass writes for the recurrence; a design's unused ones alias a used tensor."""
+class _Intermediates(NamedTuple):
+    """What the prepare pass writes for the recurrence, in the kernels' argument order; a design's
+    unused ones alias a used tensor (a NamedTuple: built on every call, for little host time)."""
 
     w: torch.Tensor
     u: torch.Tensor
     scores: torch.Tensor
-    inverse: torch.Tensor
     q_scale: torch.Tensor
     k_scale: torch.Tensor
     decay: torch.Tensor
+    inverse: torch.Tensor
     w_scale: torch.Tensor
     v_scale: torch.Tensor
     gate_cumsum: torch.Tensor
@@ -289,22 +292,20 @@ def _intermediates(flags: dict[str, bool], total: int, value_heads: int, key_dim
     apply_inverse, form_scores = flags["APPLY_INVERSE"], flags["FORM_SCORES"]
     # fp32 row scales, one plane each: q, k, decay; w and v (Ai applied); gc and 1/||k|| (P formed).
     planes = torch.empty(3 + 2 * apply_inverse + 2 * form_scores, total, value_heads, dtype=torch.float32,
-                         device=device).unbind(0)
-    unused = planes[0]  # stands for what a design does not read
-    w_scale, v_scale = planes[3:5] if apply_inverse else (unused, unused)
-    gate_cumsum, k_rnorm = planes[-2:] if form_scores else (unused, unused)
-    # Chunk x chunk tiles per token and head: Ai and/or the scores P.
-    squares = torch.empty(1 + (apply_inverse and not form_scores), total, value_heads, CHUNK, dtype=dtype,
-                          device=device).unbind(0)
-    inverse = squares[0] if apply_inverse else unused
-    scores = squares[-1] if not form_scores else unused
-    if apply_inverse:
-        w = u = unused
-    else:
+                         device=device)
+    q_scale, k_scale, decay = planes[0], planes[1], planes[2]
+    unused = q_scale  # stands for what a design does not read
+    chunk_square = (total, value_heads, CHUNK)  # Ai or the scores P: chunk x chunk per chunk and head
+    if not apply_inverse:
         w = torch.empty(total, value_heads, key_dim, dtype=dtype, device=device)
         u = torch.empty(total, value_heads, value_dim, dtype=dtype, device=device)
-    return _Intermediates(w=w, u=u, scores=scores, inverse=inverse, q_scale=planes[0], k_scale=planes[1],
-                          decay=planes[2], w_scale=w_scale, v_scale=v_scale, gate_cumsum=gate_cumsum, k_rnorm=k_rnorm)
+        scores = torch.empty(chunk_square, dtype=dtype, device=device)
+        return _Intermediates(w, u, scores, q_scale, k_scale, decay, unused, unused, unused, unused, unused)
+    inverse = torch.empty(chunk_square, dtype=dtype, device=device)
+    scores = unused if form_scores else torch.empty(chunk_square, dtype=dtype, device=device)
+    gate_cumsum, k_rnorm = (planes[5], planes[6]) if form_scores else (unused, unused)
+    return _Intermediates(unused, unused, scores, q_scale, k_scale, decay, inverse, planes[3], planes[4], gate_cumsum,
+                          k_rnorm)
 
 
 @torch.library.custom_op("polykernels::chunk_gated_delta_rule", mutates_args=())

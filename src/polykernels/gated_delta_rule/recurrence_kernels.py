@@ -129,7 +129,7 @@ def gdn_prepare_kernel(
 
 @triton.jit
 def gdn_recurrence_kernel(
-    Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr, V_ptr, AI_ptr, WS_ptr, VS_ptr, GC_ptr, RK_ptr,
+    Q_ptr, K_ptr, V_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr, AI_ptr, WS_ptr, VS_ptr, GC_ptr, RK_ptr,
     HINIT_ptr, HT_ptr, O_ptr, HLOC_ptr, M_ptr, CU, SEG_OFFSETS, T, N, SEGS_PER_SEQ, SEG_TOKENS, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, NV: tl.constexpr, VARLEN: tl.constexpr, LOG_N: tl.constexpr, HAS_INITIAL: tl.constexpr,

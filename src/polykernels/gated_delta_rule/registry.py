@@ -58,8 +58,8 @@ for _design, _flags in DESIGNS.items():
         options={"num_warps": _PREPARE_WARPS, "num_stages": 1},
     ))
 _RECURRENCE_SIGNATURE = {
-    "Q_ptr": "*bf16", "K_ptr": "*bf16", "W_ptr": "*bf16", "U_ptr": "*bf16", "P_ptr": "*bf16", "QS_ptr": "*fp32",
-    "KS_ptr": "*fp32", "DECAY_ptr": "*fp32", "V_ptr": "*bf16", "AI_ptr": "*bf16", "WS_ptr": "*fp32",
+    "Q_ptr": "*bf16", "K_ptr": "*bf16", "V_ptr": "*bf16", "W_ptr": "*bf16", "U_ptr": "*bf16", "P_ptr": "*bf16",
+    "QS_ptr": "*fp32", "KS_ptr": "*fp32", "DECAY_ptr": "*fp32", "AI_ptr": "*bf16", "WS_ptr": "*fp32",
     "VS_ptr": "*fp32", "GC_ptr": "*fp32", "RK_ptr": "*fp32", "HINIT_ptr": "*fp32", "HT_ptr": "*fp32",
     "O_ptr": "*bf16", "HLOC_ptr": "*fp32", "M_ptr": "*fp32", "CU": "*i32", "SEG_OFFSETS": "*i64", "T": "i32",
     "N": "i32", "SEGS_PER_SEQ": "i32", "SEG_TOKENS": "i64", "scale": "fp32",
