@@ -1,0 +1,79 @@
+"""python -m benchmarks.host_path: Python time per call of the eager launch paths, on any CPU.
+
+The kernel launches are replaced by no-ops and the GPU-only guards by their GPU answers, so what is
+timed is this package's own Python per call (checks, plan, allocations on the CPU, spec keys), not
+Triton's launcher or the GPU allocator: the part of the bench's host column that a build host can
+measure. Best of 7 rounds of 3000 calls.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from types import SimpleNamespace
+
+import torch
+
+
+class _NoLaunch:
+    def __call__(self, grid: tuple[int, ...], args: tuple, *, spec_key: object = None, **meta: object) -> None:
+        pass
+
+
+def per_call_us(fn: Callable[[], object], calls: int = 3000, rounds: int = 7) -> float:
+    for _ in range(calls // 10):
+        fn()
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    return round(best, 1)
+
+
+def gdn_rows() -> dict[str, float]:
+    from polykernels.gated_delta_rule import chunk
+
+    none = _NoLaunch()
+    chunk._launchers = lambda: SimpleNamespace(plan=none, prepare=none, recurrence=none, combine=none)
+    rows = {}
+    for heads, value_heads in ((32, 32), (2, 8)):
+        q = torch.randn(1, 64, heads, 128, dtype=torch.bfloat16)
+        v = torch.randn(1, 64, value_heads, 128, dtype=torch.bfloat16)
+        g, beta = -torch.rand(1, 64, value_heads), torch.rand(1, 64, value_heads)
+        rows[f"gdn B1 T64 {heads}/{value_heads}"] = per_call_us(
+            lambda q=q, v=v, g=g, beta=beta: chunk.launch_chunk_gated_delta_rule(q, q, v, g, beta, 0.1, None, True,
+                                                                                 None, True))
+    q = torch.randn(1, 128, 2, 128, dtype=torch.bfloat16)
+    v = torch.randn(1, 128, 8, 128, dtype=torch.bfloat16)
+    g, beta = -torch.rand(1, 128, 8), torch.rand(1, 128, 8)
+    cu, h0 = torch.tensor([0, 64, 128], dtype=torch.int32), torch.zeros(2, 8, 128, 128)
+    rows["gdn packed 2x64 2/8, initial state, 2 segments"] = per_call_us(
+        lambda: chunk.launch_chunk_gated_delta_rule(q, q, v, g, beta, 0.1, h0, True, cu, True, 2))
+    return rows
+
+
+def norm_rows() -> dict[str, float]:
+    from polykernels.norm import ops
+
+    none = _NoLaunch()
+    ops._launchers = lambda: SimpleNamespace(norm=none, qk=none)
+    ops._eager_gpu = lambda x: True
+    ops._gpu_path = lambda x, exact_epilogue: "triton"
+    x = torch.randn(1, 64, 3072, dtype=torch.bfloat16)
+    shift, scale = torch.randn(1, 6 * 3072, dtype=torch.bfloat16).chunk(6, dim=1)[:2]
+    weight = torch.randn(3072, dtype=torch.bfloat16)
+    heads = torch.randn(1, 64, 24, 128, dtype=torch.bfloat16)
+    head_weight = torch.randn(128, dtype=torch.bfloat16)
+    return {
+        "layernorm_modulate B1 L64 D3072": per_call_us(lambda: ops.layernorm_modulate(x, shift, scale)),
+        "rmsnorm_scale_shift B1 L64 D3072": per_call_us(lambda: ops.rmsnorm_scale_shift(x, weight, shift, scale)),
+        "qk_rmsnorm B1 L64 24x128": per_call_us(lambda: ops.qk_rmsnorm(heads, heads, head_weight, head_weight)),
+        "head_rmsnorm B1 L64 24x128": per_call_us(lambda: ops.head_rmsnorm(heads, head_weight)),
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps({"python_us_per_call": {**gdn_rows(), **norm_rows()}}, indent=1))
