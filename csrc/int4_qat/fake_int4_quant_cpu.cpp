@@ -24,13 +24,16 @@ void quantize_groups(const void* x, void* out, float* scale, int8_t* zero, int64
     const GroupParams params = group_params(stats, symmetric);
     scale[group] = params.scale;
     zero[group] = static_cast<int8_t>(params.zero);
+    const bool nan_group = is_nan(params.scale);
+    const float reciprocal = 1.0f / params.scale;
+    const float threshold = tie_threshold(group_max_abs(stats, symmetric), reciprocal);
     for (int64_t i = 0; i < group_size; ++i) {
       const float value = load_element<kType>(x, base + i);
+      const float code = code_of(rounded_quotient(value, params.scale, reciprocal, threshold), params, symmetric);
       if constexpr (kCodes) {
-        static_cast<int8_t*>(out)[base + i] =
-            is_nan(params.scale) ? 0 : static_cast<int8_t>(quant_code(value, params, symmetric));
+        static_cast<int8_t*>(out)[base + i] = nan_group ? 0 : static_cast<int8_t>(code);
       } else {
-        store_element<kType>(out, base + i, fake_quant(value, params, symmetric));
+        store_element<kType>(out, base + i, nan_group ? NAN : dequant(code, params));
       }
     }
   }

@@ -6,10 +6,9 @@
 // (masks below the span keep the exchange inside it), one value per step in symmetric mode
 // (max|x|, with non-finite groups raised to +inf) and two in asymmetric mode (min, max).
 //
-// x / scale, rounded to an integer, is the only per-element division of the spec. It is taken
-// as x * (1 / scale): that product is within 2^-22 |q| of the correctly rounded quotient q, so
-// its rounding to an integer can differ only when it lies that close to a half-integer; there,
-// and only there, the IEEE division is done as well. Bits stay equal to the CPU kernel's.
+// x / scale, rounded to an integer, is int4_math.h's rounded_quotient: a multiply by the group's
+// reciprocal, the IEEE division only near a tie, one compare per element against the group's
+// tie_threshold. Bits stay equal to the CPU kernel's, which runs the same functions.
 #pragma once
 
 #include <type_traits>
@@ -89,17 +88,6 @@ __device__ inline void store_run(T* __restrict__ target, const Pack<T, kPerLane>
       target[i] = values.values[i];
     }
   }
-}
-
-// rint(value / scale), bit-equal to the IEEE division's, from a multiply by the reciprocal.
-__device__ inline float rounded_quotient(float value, float scale, float reciprocal) {
-  const float approx = value * reciprocal;
-  const float half = floorf(approx) + 0.5f;
-  // 2^-20: four times the largest distance between the product and the rounded quotient.
-  if (fabsf(approx - half) > fabsf(approx) * 9.5367431640625e-07f) {
-    return rintf(approx);
-  }
-  return rintf(value / scale);  // near a tie (or non-finite): the spec's division itself
 }
 
 template <ElementType kType, int kGroupSize, bool kCodes, bool kSymmetric, bool kAligned>
@@ -182,13 +170,14 @@ __global__ void fake_int4_quant_kernel(const void* __restrict__ x, void* __restr
     }
     const int64_t first = group * kGroupSize + lane_offset;
     const float reciprocal = 1.0f / params.scale;
+    const float threshold = tie_threshold(group_max_abs(stats, kSymmetric), reciprocal);
     const float zero_point = static_cast<float>(params.zero);
     const bool nan_group = is_nan(params.scale);
     if constexpr (kCodes) {
       Pack<int8_t, kPerLane> codes;
 #pragma unroll
       for (int i = 0; i < kPerLane; ++i) {
-        const float q = rounded_quotient(values[i], params.scale, reciprocal);
+        const float q = rounded_quotient(values[i], params.scale, reciprocal, threshold);
         const float code = kSymmetric ? clampf(q, -7.0f, 7.0f) : clampf(q + zero_point, 0.0f, 15.0f);
         codes.values[i] = nan_group ? 0 : static_cast<int8_t>(code);
       }
@@ -197,7 +186,7 @@ __global__ void fake_int4_quant_kernel(const void* __restrict__ x, void* __restr
       Pack<Storage, kPerLane> result;
 #pragma unroll
       for (int i = 0; i < kPerLane; ++i) {
-        const float q = rounded_quotient(values[i], params.scale, reciprocal);
+        const float q = rounded_quotient(values[i], params.scale, reciprocal, threshold);
         if (nan_group) {
           store_element<kType>(result.values, i, NAN);  // the canonical NaN of PyTorch
         } else if constexpr (kSymmetric) {

@@ -67,24 +67,46 @@ PK_HOST_DEVICE inline GroupParams group_params(const GroupStats& stats, bool sym
   return GroupParams{scale, static_cast<int32_t>(zero)};
 }
 
-// The INT4 code of one value: [-7, 7] symmetric, [0, 15] asymmetric.
-PK_HOST_DEVICE inline float quant_code(float value, const GroupParams& params, bool symmetric) {
-  if (symmetric) {
-    return clampf(rintf(value / params.scale), -7.0f, 7.0f);
+// x / scale, rounded to an integer, is the only per-element division of the spec. It is taken as
+// x * (1 / scale): two roundings of 2^-24 each put that product within a quarter of
+// kQuotientSlack |x / scale| of the correctly rounded quotient, so both round to the same integer
+// wherever the product lies farther than that from a half-integer; there, and only there (and for
+// non-finite values), the IEEE division is done. Bits stay equal to the division's.
+constexpr float kQuotientSlack = 9.5367431640625e-07f;  // 2^-20
+
+// The largest |x| of a group: the symmetric statistics hold it, the asymmetric ones its extremes.
+PK_HOST_DEVICE inline float group_max_abs(const GroupStats& stats, bool symmetric) {
+  return symmetric ? stats.max_abs : fmaxf(fabsf(stats.min_value), fabsf(stats.max_value));
+}
+
+// How close to its nearest integer x * (1 / scale) must lie for every x of the group: 0.5 less the
+// group's largest slack (one bound per group, so each element needs one compare, no multiply).
+PK_HOST_DEVICE inline float tie_threshold(float max_abs, float reciprocal) {
+  return 0.5f - max_abs * reciprocal * kQuotientSlack;
+}
+
+// rint(value / scale), bit-equal to the IEEE division's (see kQuotientSlack).
+PK_HOST_DEVICE inline float rounded_quotient(float value, float scale, float reciprocal, float threshold) {
+  const float approx = value * reciprocal;
+  const float nearest = rintf(approx);
+  if (fabsf(approx - nearest) < threshold) {
+    return nearest;
   }
-  return clampf(rintf(value / params.scale) + static_cast<float>(params.zero), 0.0f, 15.0f);
+  return rintf(value / scale);  // near a tie (or non-finite): the spec's division itself
+}
+
+// The INT4 code of a rounded quotient: [-7, 7] symmetric, [0, 15] asymmetric.
+PK_HOST_DEVICE inline float code_of(float quotient, const GroupParams& params, bool symmetric) {
+  if (symmetric) {
+    return clampf(quotient, -7.0f, 7.0f);
+  }
+  return clampf(quotient + static_cast<float>(params.zero), 0.0f, 15.0f);
 }
 
 PK_HOST_DEVICE inline float dequant(float code, const GroupParams& params) {
   return (code - static_cast<float>(params.zero)) * params.scale;
 }
 
-PK_HOST_DEVICE inline float fake_quant(float value, const GroupParams& params, bool symmetric) {
-  if (is_nan(params.scale)) {
-    return NAN;
-  }
-  return dequant(quant_code(value, params, symmetric), params);
-}
 
 template <ElementType kType>
 PK_HOST_DEVICE inline float load_element(const void* base, int64_t index) {

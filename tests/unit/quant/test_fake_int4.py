@@ -27,6 +27,29 @@ def test_cpu_kernel_bit_equal_to_reference(dtype: torch.dtype, group_size: int, 
                      fake_int4_quant_reference(x, group_size, symmetric, return_codes=True))
 
 
+def near_ties(groups: int, group_size: int, device: str = "cpu") -> torch.Tensor:
+    """fp32 groups whose values sit on and a few ulps around half-integer multiples of the group's
+    scale: where x * (1 / scale) and x / scale can round to different integers (the kernels'
+    rounded_quotient must fall back to the division there, and only there)."""
+    gen = torch.Generator().manual_seed(3)
+    top = torch.rand(groups, 1, generator=gen) * 100 + 1e-3  # max |x| of each group
+    scale = top * (1 / 7)
+    steps = torch.randint(-7, 7, (groups, group_size), generator=gen) + 0.5
+    x = steps * scale
+    ulps = torch.randint(-4, 5, (groups, group_size), generator=gen, dtype=torch.int32)
+    x = (x.view(torch.int32) + ulps).view(torch.float32)  # a few ulps off the tie, or on it
+    x[:, 0] = top[:, 0]  # the group's extreme, so the scale is the one above
+    return x.to(device)
+
+
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+def test_rounding_at_and_near_ties_is_the_division(symmetric: bool) -> None:
+    x = near_ties(4096, 32)
+    assert_bit_equal(fake_int4_quant(x, 32, symmetric), fake_int4_quant_reference(x, 32, symmetric))
+    assert_bit_equal(int4_quant_codes(x, 32, symmetric),
+                     fake_int4_quant_reference(x, 32, symmetric, return_codes=True))
+
+
 def test_codes_in_range_and_dequantize_to_out() -> None:
     x = torch.randn(4, 256)
     for symmetric, (low, high) in ((True, (-7, 7)), (False, (0, 15))):
@@ -136,6 +159,15 @@ def test_gpu_kernel_bit_equal_to_reference_on_device(gpu_device: str) -> None:
         cpu = fake_int4_quant(x.cpu(), group_size, symmetric)
         gpu = fake_int4_quant(x, group_size, symmetric)
         assert_bit_equal(tuple(t.cpu() for t in gpu), cpu)  # identical across backends
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+def test_gpu_rounding_at_and_near_ties_is_the_division(gpu_device: str, symmetric: bool) -> None:
+    x = near_ties(4096, 32, gpu_device)
+    assert_bit_equal(fake_int4_quant(x, 32, symmetric), fake_int4_quant_reference(x, 32, symmetric))
+    assert_bit_equal(int4_quant_codes(x, 32, symmetric),
+                     fake_int4_quant_reference(x, 32, symmetric, return_codes=True))
 
 
 @pytest.mark.gpu
