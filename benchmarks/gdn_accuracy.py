@@ -2,7 +2,7 @@
 
 Relative RMS error (the spec's measure) of o and the final state at every benchmark shape, both
 implementations on the same inputs; the goal is ours <= 1.5x FLA's. Ours in both designs of its
-two passes (chunk.DESIGNS), so a design is measured before the launch table picks it.
+two passes (launch.DESIGNS), so a design is measured before the launch table picks it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def relative_rms_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def main(max_tokens: int) -> list[dict]:
-    from polykernels.gated_delta_rule import chunk, chunk_gated_delta_rule, naive_recurrent_gated_delta_rule
+    from polykernels.gated_delta_rule import chunk_gated_delta_rule, launch, naive_recurrent_gated_delta_rule
 
     fla = None
     if importlib.util.find_spec("fla") is not None:
@@ -38,8 +38,8 @@ def main(max_tokens: int) -> list[dict]:
             cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
         want_o, want_s = naive_recurrent_gated_delta_rule(*(t.double() for t in inputs), output_final_state=True,
                                                           cu_seqlens=cu)
-        row = {"shape": name, "shipped design": chunk.RECURRENCE_DESIGN[128]}
-        impls = {f"polykernels {design}": (chunk_gated_delta_rule, design) for design in chunk.DESIGNS}
+        row = {"shape": name, "shipped design": launch.RECURRENCE_DESIGN[128]}
+        impls = {f"polykernels {design}": (chunk_gated_delta_rule, design) for design in launch.DESIGNS}
         if fla is not None:
             impls["FLA"] = (fla, None)
         for impl, (fn, design) in impls.items():

@@ -19,7 +19,7 @@ from benchmarks.registry import gdn_design
 
 def run_large_index_check(tokens: int = 2**31 // (32 * 128) + 4096, device: str = "cuda", segments: int = 4,
                           design: str | None = None) -> dict:
-    """``design``: one of chunk.DESIGNS for every run here; None keeps the launch table's."""
+    """``design``: one of launch.DESIGNS for every run here; None keeps the launch table's."""
     from polykernels.gated_delta_rule import chunk
 
     if design is not None:
@@ -67,6 +67,6 @@ def run_large_index_check(tokens: int = 2**31 // (32 * 128) + 4096, device: str 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=2**31 // (32 * 128) + 4096)
-    parser.add_argument("--design", default=None, help="a design of the two passes (chunk.DESIGNS)")
+    parser.add_argument("--design", default=None, help="a design of the two passes (launch.DESIGNS)")
     args = parser.parse_args()
     print(json.dumps(run_large_index_check(args.tokens, design=args.design)))

@@ -34,24 +34,24 @@ def per_call_us(fn: Callable[[], object], calls: int = 3000, rounds: int = 7) ->
 
 
 def gdn_rows() -> dict[str, float]:
-    from polykernels.gated_delta_rule import chunk
+    from polykernels.gated_delta_rule import launch
 
     none = _NoLaunch()
-    chunk._launchers = lambda: SimpleNamespace(plan=none, prepare=none, recurrence=none, combine=none)
+    launch._launchers = lambda: SimpleNamespace(plan=none, prepare=none, recurrence=none, combine=none)
     rows = {}
     for heads, value_heads in ((32, 32), (2, 8)):
         q = torch.randn(1, 64, heads, 128, dtype=torch.bfloat16)
         v = torch.randn(1, 64, value_heads, 128, dtype=torch.bfloat16)
         g, beta = -torch.rand(1, 64, value_heads), torch.rand(1, 64, value_heads)
         rows[f"gdn B1 T64 {heads}/{value_heads}"] = per_call_us(
-            lambda q=q, v=v, g=g, beta=beta: chunk.launch_chunk_gated_delta_rule(q, q, v, g, beta, 0.1, None, True,
-                                                                                 None, True))
+            lambda q=q, v=v, g=g, beta=beta: launch.launch_chunk_gated_delta_rule(q, q, v, g, beta, 0.1, None, True,
+                                                                                  None, True))
     q = torch.randn(1, 128, 2, 128, dtype=torch.bfloat16)
     v = torch.randn(1, 128, 8, 128, dtype=torch.bfloat16)
     g, beta = -torch.rand(1, 128, 8), torch.rand(1, 128, 8)
     cu, h0 = torch.tensor([0, 64, 128], dtype=torch.int32), torch.zeros(2, 8, 128, 128)
     rows["gdn packed 2x64 2/8, initial state, 2 segments"] = per_call_us(
-        lambda: chunk.launch_chunk_gated_delta_rule(q, q, v, g, beta, 0.1, h0, True, cu, True, 2))
+        lambda: launch.launch_chunk_gated_delta_rule(q, q, v, g, beta, 0.1, h0, True, cu, True, 2))
     return rows
 
 

@@ -166,16 +166,16 @@ GDN_SHAPES: list[tuple[str, int, int, int, int, list[int] | None]] = [
 
 @contextlib.contextmanager
 def gdn_design(design: str) -> Iterator[None]:
-    """Runs the gated delta rule with one design of its two passes (chunk.DESIGNS), whatever the
-    launch table (chunk.RECURRENCE_DESIGN) picks."""
-    from polykernels.gated_delta_rule import chunk
+    """Runs the gated delta rule with one design of its two passes (launch.DESIGNS), whatever the
+    launch table (launch.RECURRENCE_DESIGN) picks."""
+    from polykernels.gated_delta_rule import launch
 
-    saved = dict(chunk.RECURRENCE_DESIGN)
-    chunk.RECURRENCE_DESIGN.update(dict.fromkeys(saved, design))
+    saved = dict(launch.RECURRENCE_DESIGN)
+    launch.RECURRENCE_DESIGN.update(dict.fromkeys(saved, design))
     try:
         yield
     finally:
-        chunk.RECURRENCE_DESIGN.update(saved)
+        launch.RECURRENCE_DESIGN.update(saved)
 
 
 def gdn_inputs(batch: int, tokens: int, heads: int, value_heads: int, device: str, dim: int = 128) -> tuple:
@@ -194,7 +194,7 @@ def _with_design(design: str, fn: Callable[..., object], *args: object, **kwargs
 
 
 def gdn_cases(device: str) -> Iterator[Case]:
-    from polykernels.gated_delta_rule import chunk, chunk_gated_delta_rule
+    from polykernels.gated_delta_rule import chunk_gated_delta_rule, launch
 
     fla = None
     if importlib.util.find_spec("fla") is not None:
@@ -210,8 +210,8 @@ def gdn_cases(device: str) -> Iterator[Case]:
             "polykernels": lambda a=(q, k, v, g, beta), cu=cu: chunk_gated_delta_rule(
                 *a, output_final_state=True, cu_seqlens=cu),
         }
-        for design in chunk.DESIGNS:
-            if design != chunk.RECURRENCE_DESIGN[128]:  # the other designs, until one run picks one
+        for design in launch.DESIGNS:
+            if design != launch.RECURRENCE_DESIGN[128]:  # the other designs, until one run picks one
                 impls[f"polykernels {design}"] = lambda a=(q, k, v, g, beta), cu=cu, d=design: _with_design(
                     d, chunk_gated_delta_rule, *a, output_final_state=True, cu_seqlens=cu)
         if fla is not None:

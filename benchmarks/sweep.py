@@ -1,7 +1,7 @@
 """python -m benchmarks.sweep [gdn|gdn-launch|norm]: the launch choices the kernels' tables come from.
 
 gdn: GPU time per segments-per-sequence choice at the benchmark shapes (plan_segments and
-MIN_SEGMENT_CHUNKS in gated_delta_rule/chunk.py). gdn-launch: per V tile, warps and stages of the
+MIN_SEGMENT_CHUNKS in gated_delta_rule/launch.py). gdn-launch: per V tile, warps and stages of the
 two passes and per design (chunk.py's RECURRENCE_* (RECURRENCE_DESIGN too) and PREPARE_LAUNCH),
 with each kernel's share of the time.
 norm: per rows per block, warps, programs per SM and stages (norm/kernels.py: NORM_LAUNCH,
@@ -23,7 +23,7 @@ from polykernels import platform
 
 def sweep_gdn(device: str) -> list[dict]:
     from polykernels.gated_delta_rule import chunk_gated_delta_rule
-    from polykernels.gated_delta_rule.chunk import plan_segments
+    from polykernels.gated_delta_rule.launch import plan_segments
 
     results = []
     for name, batch, tokens, heads, value_heads, lengths in GDN_SHAPES:
@@ -48,18 +48,18 @@ def sweep_gdn(device: str) -> list[dict]:
 
 def sweep_gdn_launch(device: str) -> list[dict]:
     """GPU time per launch choice of the two passes (chunk.py's tables), and where the time goes."""
-    from polykernels.gated_delta_rule import chunk, chunk_gated_delta_rule
+    from polykernels.gated_delta_rule import chunk_gated_delta_rule, launch
 
     results = []
-    tables = (chunk.RECURRENCE_BLOCK_V, chunk.RECURRENCE_LAUNCH, chunk.PREPARE_LAUNCH, chunk.RECURRENCE_DESIGN)
+    tables = (launch.RECURRENCE_BLOCK_V, launch.RECURRENCE_LAUNCH, launch.PREPARE_LAUNCH, launch.RECURRENCE_DESIGN)
     originals = [dict(t) for t in tables]
     # (wide, narrow) both set to one BV: the V tile is forced whatever plan_segments would pick.
     choices = {"BV x warps x stages": [((bv, bv), (w, st), None, None) for bv, w, st in
                                        ((64, 4, 3), (32, 4, 3), (32, 4, 2), (32, 8, 3), (16, 4, 3))],
                "prepare BV x warps": [(None, None, (bv, w), None) for bv in (64, 128) for w in (4, 8)],
                # Each design with the tables' own tiles, then each with both V tiles.
-               "design": [(None, None, None, d) for d in chunk.DESIGNS]
-                         + [((bv, bv), None, None, d) for d in chunk.DESIGNS for bv in (64, 32)]}
+               "design": [(None, None, None, d) for d in launch.DESIGNS]
+                         + [((bv, bv), None, None, d) for d in launch.DESIGNS for bv in (64, 32)]}
     # The thin shapes too: there the V tile also sets the segment count (plan_segments), and a
     # 64-wide tile with more segments beat the 32-wide one at 1x32768 2/8 (BENCHMARKS.md).
     for name, batch, tokens, heads, value_heads in (("B1 T32768 H32/32", 1, 32768, 32, 32),

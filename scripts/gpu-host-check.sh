@@ -45,7 +45,7 @@ fi
 
 if wanted large-index; then
   step "large-index check (state buffer past 2^31 elements), per design of the GDN passes"
-  for design in $(python3 -c "from polykernels.gated_delta_rule.chunk import DESIGNS; print(*DESIGNS)"); do
+  for design in $(python3 -c "from polykernels.gated_delta_rule.launch import DESIGNS; print(*DESIGNS)"); do
     timeout "${LARGE_TIMEOUT:-120}" python3 -m benchmarks.gdn_large_index --design "$design" \
       | tee -a "$out/large_index.jsonl"
   done

@@ -97,18 +97,18 @@ def test_norm_spec_keys_decide_the_specialization(monkeypatch: pytest.MonkeyPatc
 
 
 def test_gated_delta_rule_spec_keys_decide_the_specialization(monkeypatch: pytest.MonkeyPatch) -> None:
-    from polykernels.gated_delta_rule import chunk
+    from polykernels.gated_delta_rule import launch
 
     recorders = SimpleNamespace(plan=_KeyRecorder(), prepare=_KeyRecorder(), recurrence=_KeyRecorder(),
                                 combine=_KeyRecorder())
-    monkeypatch.setattr(chunk, "_launchers", lambda: recorders)
+    monkeypatch.setattr(launch, "_launchers", lambda: recorders)
     cases = itertools.product(
         [(1, 63, 2, 4, 32, 32), (2, 64, 1, 2, 16, 48), (1, 200, 1, 1, 32, 32)],
         [torch.bfloat16, torch.float32], [None, torch.int32, torch.int64], [False, True], [None, 3], [False, True],
-        [False, True], chunk.DESIGNS, [torch.float32, torch.bfloat16],
+        [False, True], launch.DESIGNS, [torch.float32, torch.bfloat16],
     )
     for shape, dtype, cu_dtype, initial, segments, misaligned, final, design, g_dtype in cases:
-        monkeypatch.setitem(chunk.RECURRENCE_DESIGN, shape[4], design)
+        monkeypatch.setitem(launch.RECURRENCE_DESIGN, shape[4], design)
         batch, tokens, heads, value_heads, key_dim, value_dim = shape
         if cu_dtype is not None and batch != 1:
             continue
@@ -121,6 +121,6 @@ def test_gated_delta_rule_spec_keys_decide_the_specialization(monkeypatch: pytes
         cu = None if cu_dtype is None else torch.tensor([0, tokens // 3, tokens], dtype=cu_dtype)
         num_seqs = batch if cu is None else 2
         h0 = torch.randn(num_seqs, value_heads, key_dim, value_dim) if initial else None
-        chunk.launch_chunk_gated_delta_rule(q, k, v, g, beta, key_dim**-0.5, h0, final, cu, True, segments)
+        launch.launch_chunk_gated_delta_rule(q, k, v, g, beta, key_dim**-0.5, h0, final, cu, True, segments)
     for name in ("prepare", "recurrence", "combine", "plan"):
         _assert_spec_keys_decide_the_specialization(getattr(recorders, name).calls)

@@ -14,7 +14,7 @@
    and the recurrence forms v_new = Ai (vs . v - ws . (k h)): a third product on the sequential
    path, two fewer in prepare, and no w or u round trip through HBM (192 instead of 232 KiB per
    chunk and head at K = V = 128 with two V tiles). With ``FORM_SCORES`` too, the recurrence
-   forms P from its q and k (152 KiB). chunk.DESIGNS names the designs, chunk.RECURRENCE_DESIGN picks.
+   forms P from its q and k (152 KiB). launch.DESIGNS names the designs, launch.RECURRENCE_DESIGN picks.
    With ``SEGMENT_STATE`` it instead runs every segment but a sequence's last from a zero state
    (value columns) and from the identity (K transition columns, u = 0), storing the segment's local
    state and its K x K transition; ``kernels.gdn_combine_kernel`` turns those into each segment's

@@ -2,19 +2,19 @@
 
 Packed sequences (VARLEN), and the recurrence both as the output pass and as the segment-state
 pass of context parallelism, are the specializations registered: they compile every branch of
-the segment and chunk arithmetic. Every design of the two passes (chunk.DESIGNS) is registered;
+the segment and chunk arithmetic. Every design of the two passes (launch.DESIGNS) is registered;
 the kernels of designs other than "w-u-p" are named after them ("gdn_prepare_ai_p").
 """
 
-from polykernels.gated_delta_rule.chunk import DESIGNS, PREPARE_LAUNCH, RECURRENCE_BLOCK_V, RECURRENCE_LAUNCH
 from polykernels.gated_delta_rule.guards import dot_precision, inverse_precision
+from polykernels.gated_delta_rule.launch import DESIGNS, PREPARE_LAUNCH, RECURRENCE_BLOCK_V, RECURRENCE_LAUNCH
 from polykernels.kernel_registry import KernelSpec, register
 
 _MODULE = "polykernels.gated_delta_rule.kernels"
 _PASSES = "polykernels.gated_delta_rule.recurrence_kernels"
 _SHAPE = {"H": 16, "HV": 32, "K": 128, "BT": 64, "BK": 128}
 _SEGMENTS = {"VARLEN": True, "LOG_N": 4, "L2NORM": True}
-# The launcher's choices for K = V = 128 (chunk.py's tables): the narrow V tile of the recurrence.
+# The launcher's choices for K = V = 128 (launch.py's tables): the narrow V tile of the recurrence.
 _PREPARE_BV, _PREPARE_WARPS = PREPARE_LAUNCH[128]
 _RECURRENCE_BV = RECURRENCE_BLOCK_V[128][1]
 _RECURRENCE_WARPS, _RECURRENCE_STAGES = RECURRENCE_LAUNCH[128]

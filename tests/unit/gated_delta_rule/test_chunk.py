@@ -4,12 +4,12 @@ import pytest
 import torch
 
 from polykernels.gated_delta_rule import (
-    chunk,
     chunk_gated_delta_rule,
     chunk_gated_delta_rule_torch,
+    launch,
     naive_recurrent_gated_delta_rule,
 )
-from polykernels.gated_delta_rule.chunk import DESIGNS, launch_chunk_gated_delta_rule
+from polykernels.gated_delta_rule.launch import DESIGNS, launch_chunk_gated_delta_rule
 from tests.helpers import relative_rms_error
 
 BOUND = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 5e-3}
@@ -48,8 +48,8 @@ def check_against_naive(run, inputs, dtype, *, initial=False, cu_seqlens=None, l
 
 @pytest.fixture(params=list(DESIGNS))
 def design(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every design of the two passes (chunk.DESIGNS), whichever the launch table picks."""
-    monkeypatch.setattr(chunk, "RECURRENCE_DESIGN", dict.fromkeys(chunk.RECURRENCE_DESIGN, request.param))
+    """Every design of the two passes (launch.DESIGNS), whichever the launch table picks."""
+    monkeypatch.setattr(launch, "RECURRENCE_DESIGN", dict.fromkeys(launch.RECURRENCE_DESIGN, request.param))
     return request.param
 
 
@@ -155,7 +155,7 @@ def test_torch_chunked_nan_never_reaches_earlier_tokens() -> None:
 
 
 def test_segment_plan_fills_the_gpu_and_can_be_forced() -> None:
-    from polykernels.gated_delta_rule.chunk import plan_segments
+    from polykernels.gated_delta_rule.launch import plan_segments
 
     # Qwen3.5 split 8 ways: 1 sequence x 8 value heads x 4 narrow V tiles = 32 programs for 132
     # SMs: cut into segments until about one program per SM.

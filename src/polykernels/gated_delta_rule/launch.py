@@ -1,0 +1,311 @@
+"""Launching the gated-delta-rule Triton kernels: the launch tables, the segment plan, the designs
+of the two passes, and one cached recipe per class of call (what chunk.py's public op runs on GPUs).
+
+The public op and its argument checks are in chunk.py; the kernels in kernels.py and
+recurrence_kernels.py.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import NamedTuple
+
+import torch
+
+from polykernels import platform
+from polykernels.gated_delta_rule import guards
+
+CHUNK = 64
+MAX_HEAD_DIM = 256
+# Offsets inside one chunk are int32 in the kernels (kernels._tile): a chunk of every head must
+# span fewer than 2^31 elements, CHUNK x heads x max(K, V, CHUNK) (far above any model's heads).
+MAX_VALUE_HEADS = (2**31 - 1) // (CHUNK * MAX_HEAD_DIM)
+
+# Context parallelism (plan_segments): a sequence is cut when its sequential programs (N x HV x V
+# tiles) fill at most half the SMs, into about SMs / programs segments of at least
+# MIN_SEGMENT_CHUNKS chunks (each segment but the last also costs a pass over K transition columns).
+# From the H200 sweep (BENCHMARKS.md, "segments"): the best split gave about one program per SM.
+MIN_SEGMENT_CHUNKS = 8
+WHOLE_SEQUENCE = 2**34  # chunks per segment when a sequence is not cut: more than any sequence has
+
+
+def _block(dim: int) -> int:
+    return max(16, 1 << (dim - 1).bit_length())
+
+
+@dataclass(frozen=True, kw_only=True)
+class SegmentPlan:
+    """How each sequence is cut for context parallelism (``segments == 1``: not cut), and the V tile."""
+
+    segments: int  # per sequence of average length
+    segment_chunks: int  # chunks per segment
+    block_v: int  # V columns per sequential program
+    reason: str
+
+
+def plan_segments(
+    num_seqs: int, total_tokens: int, value_heads: int, sm_count: int, num_segments: int | None = None,
+    *, key_dim: int = 128, value_dim: int = 128,
+) -> SegmentPlan:
+    """The V tile and the segments per sequence, from (N, HV, T, K, V, SMs).
+
+    Wide V tiles (fewer programs re-reading each chunk's q, k, w) when the programs still fill
+    the GPU twice over; narrow ones otherwise. Then segments while the programs fill at most half
+    the SMs.
+    """
+    chunks = max(1, -(-total_tokens // num_seqs // CHUNK))
+    wide, narrow = RECURRENCE_BLOCK_V[_block(key_dim)]
+    tiles = -(-value_dim // min(wide, _block(value_dim)))
+    block_v = wide if num_seqs * value_heads * tiles >= 2 * sm_count else narrow
+    block_v = min(block_v, _block(value_dim))
+    programs = num_seqs * value_heads * -(-value_dim // block_v)
+    if num_segments is not None:
+        segments, why = num_segments, f"{num_segments} segments per sequence requested"
+    elif 2 * programs > sm_count:
+        segments, why = 1, f"{programs} sequential programs (N x HV x V/{block_v}) for {sm_count} SMs: no split"
+    else:
+        segments = max(1, min(-(-sm_count // programs), chunks // MIN_SEGMENT_CHUNKS))
+        why = (f"{programs} sequential programs (N x HV x V/{block_v}) for {sm_count} SMs: {segments} segments "
+               f"of >= {MIN_SEGMENT_CHUNKS} chunks per sequence")
+    segments = max(1, min(segments, chunks))
+    return SegmentPlan(segments=segments, segment_chunks=-(-chunks // segments), block_v=block_v, reason=why)
+
+
+@functools.cache
+def _launchers() -> SimpleNamespace:
+    from polykernels._launch import Launcher
+    from polykernels.gated_delta_rule import kernels, recurrence_kernels
+
+    return SimpleNamespace(
+        plan=Launcher(kernels.gdn_plan_kernel),
+        prepare=Launcher(recurrence_kernels.gdn_prepare_kernel),
+        recurrence=Launcher(recurrence_kernels.gdn_recurrence_kernel),
+        combine=Launcher(kernels.gdn_combine_kernel),
+    )
+
+
+@functools.cache
+def _unused_offsets(device: torch.device) -> torch.Tensor:
+    """Stands for the offset tables of packed sequences in launches that do not read them."""
+    return torch.zeros(1, dtype=torch.int64, device=device)
+
+
+# The recurrence kernel per padded K: (wide, narrow) V tiles (plan_segments picks one), and
+# (num_warps, num_stages): a K x BV fp32 state in registers, three stages of the chunk's q, k, w,
+# u and scores in shared memory. The prepare kernel: its V tile and warps. Whole 64-row tiles
+# (4 warps of 16 rows) compile without spills up to K = 128 on sm_90; K = 256 needs 8 warps.
+# Chosen on the H200 (BENCHMARKS.md, "the two-pass design" and "whole-chunk prepare").
+RECURRENCE_BLOCK_V: dict[int, tuple[int, int]] = {16: (64, 32), 32: (64, 32), 64: (64, 32), 128: (64, 32),
+                                                  256: (32, 16)}
+RECURRENCE_LAUNCH: dict[int, tuple[int, int]] = {16: (4, 3), 32: (4, 3), 64: (4, 3), 128: (4, 3), 256: (8, 1)}
+PREPARE_LAUNCH: dict[int, tuple[int, int]] = {64: (64, 4), 128: (128, 4), 256: (64, 8)}
+# What the prepare pass hands the recurrence through HBM (recurrence_kernels' APPLY_INVERSE and
+# FORM_SCORES), per design: "w-u-p" w, u and the scores P; "ai-p" (I + A)^-1 and P, the recurrence
+# applying the inverse itself; "ai" (I + A)^-1 alone, the recurrence also forming P from its q and k.
+DESIGNS: dict[str, dict[str, bool]] = {
+    "w-u-p": {"APPLY_INVERSE": False, "FORM_SCORES": False},
+    "ai-p": {"APPLY_INVERSE": True, "FORM_SCORES": False},
+    "ai": {"APPLY_INVERSE": True, "FORM_SCORES": True},
+}
+# Per padded K. "ai-p" and "ai" move 17% and 34% fewer bytes at K = V = 128 (two V tiles) for one
+# more product on the sequential path, and have not been measured on a GPU yet: "w-u-p" stays until
+# a same-run sweep (`python -m benchmarks.sweep gdn-launch`) shows another faster.
+RECURRENCE_DESIGN: dict[int, str] = dict.fromkeys((16, 32, 64, 128, 256), "w-u-p")
+# The prepare kernel's K and V tiles are at least this wide (narrower heads are masked): its
+# products (I + A)^-1 x (32 columns) of 16-bit inputs came out wrong, or faulted, on the H200
+# (Triton 3.6, sm_90 wgmma with the left operand in registers); 64 columns are right.
+PREPARE_MIN_BLOCK = 64
+
+
+def launch_chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: float,
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+    cu_seqlens: torch.Tensor | None,
+    use_qk_l2norm_in_kernel: bool,
+    num_segments: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Runs the Triton kernels. No host synchronization and no host-built tables: capturable in a CUDA graph.
+
+    The parallel prepare pass, then the sequential pass (context-parallel when the plan cuts the
+    sequences into segments). Everything but the tensors follows from the call's class and is
+    worked out once per class (``_recipe``).
+    """
+    batch, tokens, _, key_dim = q.shape
+    value_heads, value_dim = v.shape[2], v.shape[3]
+    num_seqs = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else batch
+    device = q.device
+    o = torch.empty_like(v)
+    final = torch.empty(num_seqs, value_heads, key_dim, value_dim, dtype=torch.float32, device=device)
+    if batch * tokens == 0 or num_seqs == 0:
+        if output_final_state:
+            final.copy_(initial_state if initial_state is not None else torch.zeros_like(final))
+        return o, final if output_final_state else None
+
+    block_k = _block(key_dim)
+    recipe = _recipe(q.shape, v.shape, q.dtype, None if cu_seqlens is None else cu_seqlens.dtype, num_seqs,
+                     initial_state is not None, output_final_state, use_qk_l2norm_in_kernel, num_segments, device,
+                     platform.current(), RECURRENCE_DESIGN[block_k], RECURRENCE_BLOCK_V[block_k],
+                     RECURRENCE_LAUNCH[block_k], PREPARE_LAUNCH[max(block_k, PREPARE_MIN_BLOCK)])
+    run = _launchers()
+    if cu_seqlens is not None:
+        # Chunk and segment counts per sequence are computed on the GPU: no host round trip.
+        offsets = torch.empty(2, num_seqs + 1, dtype=torch.int64, device=device)
+        cu, chunk_offsets, seg_offsets = cu_seqlens, offsets[0], offsets[1]
+        run.plan((1,), (cu, chunk_offsets, seg_offsets, num_seqs, recipe.segment_chunks or WHOLE_SEQUENCE),
+                 spec_key=(recipe.spec, cu.data_ptr() & 15), **recipe.plan_meta)
+    else:
+        cu = chunk_offsets = seg_offsets = _unused_offsets(device)
+    initial = initial_state.float().contiguous() if initial_state is not None else final
+    held = _intermediates(recipe.design_flags, batch * tokens, value_heads, key_dim, value_dim, q.dtype, device)
+    # The launchers' spec_key: the recipe's (every integer argument and constexpr, the dtypes), then
+    # each caller tensor's 16-byte alignment (the rest are fresh allocations).
+    spec = (recipe.spec, q.data_ptr() & 15, k.data_ptr() & 15, v.data_ptr() & 15, g.dtype, g.data_ptr() & 15,
+            beta.dtype, beta.data_ptr() & 15, initial.data_ptr() & 15, cu.data_ptr() & 15)
+    run.prepare(recipe.prepare_grid, (q, k, v, g, beta, *held, cu, chunk_offsets, tokens, num_seqs,
+                                      recipe.chunks_per_seq, scale), spec_key=spec, **recipe.prepare_meta)
+    chunk_tensors = (q, k, v, *held)
+    segments = (cu, seg_offsets, tokens, num_seqs, recipe.segments_per_seq, recipe.segment_tokens, scale)
+    h_init = initial
+    if recipe.segment_chunks:
+        h_local = torch.empty(recipe.max_segments, value_heads, key_dim, value_dim, dtype=torch.float32,
+                              device=device)
+        transitions = torch.empty(recipe.max_segments, value_heads, key_dim, key_dim, dtype=torch.float32,
+                                  device=device)
+        run.recurrence(recipe.segment_state_grid, (*chunk_tensors, final, final, o, h_local, transitions, *segments),
+                       spec_key=(spec, True), **recipe.segment_state_meta)
+        h_init = torch.empty_like(h_local)
+        run.combine(recipe.combine_grid, (initial, h_local, transitions, h_init, cu, seg_offsets, num_seqs,
+                                          recipe.segments_per_seq), spec_key=spec, **recipe.combine_meta)
+    run.recurrence(recipe.recurrence_grid, (*chunk_tensors, h_init, final, o, final, final, *segments),
+                   spec_key=(spec, False), **recipe.recurrence_meta)
+    return o, final if output_final_state else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Recipe:
+    """The launches of one class of call: grids, constexprs and options, and the integer arguments
+    that are not shapes. ``spec`` is the class itself, the first part of every launch's spec_key."""
+
+    spec: tuple
+    design_flags: dict[str, bool]
+    chunks_per_seq: int
+    segment_chunks: int  # 0: each sequence is one segment (the plan kernel then counts one per sequence)
+    segments_per_seq: int
+    max_segments: int
+    segment_tokens: int
+    plan_meta: dict[str, object]
+    prepare_grid: tuple[int, ...]
+    prepare_meta: dict[str, object]
+    segment_state_grid: tuple[int, ...]
+    segment_state_meta: dict[str, object]
+    combine_grid: tuple[int, ...]
+    combine_meta: dict[str, object]
+    recurrence_grid: tuple[int, ...]
+    recurrence_meta: dict[str, object]
+
+
+# Per class of call: deciding costs more host time than a launch. The key holds the launch-table
+# entries the recipe reads, so a sweep or a test that edits a table gets a new recipe.
+@functools.lru_cache(maxsize=256)
+def _recipe(
+    q_shape: torch.Size, v_shape: torch.Size, dtype: torch.dtype, cu_dtype: torch.dtype | None, num_seqs: int,
+    has_initial: bool, output_final_state: bool, l2norm: bool, num_segments: int | None, device: torch.device,
+    seen: platform.Platform, design: str, block_vs: tuple[int, int], launch: tuple[int, int],
+    prepare_launch: tuple[int, int],
+) -> _Recipe:
+    batch, tokens, heads, key_dim = q_shape
+    value_heads, value_dim = v_shape[2], v_shape[3]
+    varlen, total = cu_dtype is not None, batch * tokens
+    plan = plan_segments(num_seqs, total, value_heads, platform.sm_count(device), num_segments, key_dim=key_dim,
+                         value_dim=value_dim)
+    segment_chunks = plan.segment_chunks if plan.segments > 1 else 0
+    block_k, block_v = _block(key_dim), plan.block_v
+    precision = guards.dot_precision(fp32_inputs=dtype == torch.float32)
+    chunks_per_seq = -(-tokens // CHUNK)
+    max_chunks = -(-total // CHUNK) + num_seqs if varlen else num_seqs * chunks_per_seq
+    if not segment_chunks:  # one segment per sequence (the plan kernel counted one per packed sequence)
+        segments_per_seq, max_segments, segment_tokens = 1, num_seqs, WHOLE_SEQUENCE * CHUNK
+    elif varlen:
+        segments_per_seq, max_segments = 1, -(-max_chunks // segment_chunks) + num_seqs
+        segment_tokens = segment_chunks * CHUNK
+    else:
+        segments_per_seq = -(-chunks_per_seq // segment_chunks)
+        max_segments, segment_tokens = num_seqs * segments_per_seq, segment_chunks * CHUNK
+    prep_bv, prep_warps = prepare_launch
+    prep_bv = max(min(prep_bv, _block(value_dim)), PREPARE_MIN_BLOCK)
+    # Stages the device cannot hold (fp32 tiles; 64 KiB on gfx942) fall back in the launcher.
+    num_warps, num_stages = launch
+    flags = DESIGNS[design]
+    shape = {"H": heads, "HV": value_heads, "K": key_dim, "V": value_dim, "BT": CHUNK, "BK": block_k}
+    where = {"VARLEN": varlen, "LOG_N": max(1, num_seqs.bit_length()), "DOT_PRECISION": precision}
+    value_tiles = -(-value_dim // block_v)
+    recurrence = {**shape, "BV": block_v, "NV": value_tiles, **where}
+    recurrence_tail = {**flags, "L2NORM": l2norm, "num_warps": num_warps, "num_stages": num_stages}
+    return _Recipe(
+        spec=(q_shape, v_shape, dtype, cu_dtype, num_seqs, has_initial, output_final_state, l2norm, num_segments,
+              device, seen, design, block_vs, launch, prepare_launch),
+        design_flags=flags, chunks_per_seq=chunks_per_seq, segment_chunks=segment_chunks,
+        segments_per_seq=segments_per_seq, max_segments=max_segments, segment_tokens=segment_tokens,
+        plan_meta={"BT": CHUNK, "BLOCK": 1024, "num_warps": 4, "num_stages": 1},
+        prepare_grid=(max_chunks, value_heads),
+        prepare_meta={**shape, "BK": max(block_k, PREPARE_MIN_BLOCK), "BV": prep_bv, "NV": -(-value_dim // prep_bv),
+                      "L2NORM": l2norm, **where,
+                      "INVERSE_PRECISION": guards.inverse_precision(fp32_inputs=dtype == torch.float32), **flags,
+                      "num_warps": prep_warps, "num_stages": 1},
+        segment_state_grid=(value_tiles + -(-key_dim // block_v), max_segments, value_heads),
+        segment_state_meta={**recurrence, "HAS_INITIAL": False, "SEGMENT_STATE": True, "STORE_FINAL": False,
+                            **recurrence_tail},
+        combine_grid=(value_tiles, num_seqs, value_heads),
+        combine_meta={"HV": value_heads, "K": key_dim, "V": value_dim, "BK": block_k, "BV": block_v, "KB": 32,
+                      "HAS_INITIAL": has_initial, "VARLEN": varlen, "DOT_PRECISION": precision, "num_warps": 4,
+                      "num_stages": 1},
+        recurrence_grid=(value_tiles, max_segments, value_heads),
+        recurrence_meta={**recurrence, "HAS_INITIAL": has_initial or bool(segment_chunks), "SEGMENT_STATE": False,
+                         "STORE_FINAL": output_final_state, **recurrence_tail},
+    )
+
+
+class _Intermediates(NamedTuple):
+    """What the prepare pass writes for the recurrence, in the kernels' argument order; a design's
+    unused ones alias a used tensor (a NamedTuple: built on every call, for little host time)."""
+
+    w: torch.Tensor
+    u: torch.Tensor
+    scores: torch.Tensor
+    q_scale: torch.Tensor
+    k_scale: torch.Tensor
+    decay: torch.Tensor
+    inverse: torch.Tensor
+    w_scale: torch.Tensor
+    v_scale: torch.Tensor
+    gate_cumsum: torch.Tensor
+    k_rnorm: torch.Tensor
+
+
+def _intermediates(flags: dict[str, bool], total: int, value_heads: int, key_dim: int, value_dim: int,
+                   dtype: torch.dtype, device: torch.device) -> _Intermediates:
+    apply_inverse, form_scores = flags["APPLY_INVERSE"], flags["FORM_SCORES"]
+    # fp32 row scales, one plane each: q, k, decay; w and v (Ai applied); gc and 1/||k|| (P formed).
+    planes = torch.empty(3 + 2 * apply_inverse + 2 * form_scores, total, value_heads, dtype=torch.float32,
+                         device=device)
+    q_scale, k_scale, decay = planes[0], planes[1], planes[2]
+    unused = q_scale  # stands for what a design does not read
+    chunk_square = (total, value_heads, CHUNK)  # Ai or the scores P: chunk x chunk per chunk and head
+    if not apply_inverse:
+        w = torch.empty(total, value_heads, key_dim, dtype=dtype, device=device)
+        u = torch.empty(total, value_heads, value_dim, dtype=dtype, device=device)
+        scores = torch.empty(chunk_square, dtype=dtype, device=device)
+        return _Intermediates(w, u, scores, q_scale, k_scale, decay, unused, unused, unused, unused, unused)
+    inverse = torch.empty(chunk_square, dtype=dtype, device=device)
+    scores = unused if form_scores else torch.empty(chunk_square, dtype=dtype, device=device)
+    gate_cumsum, k_rnorm = (planes[5], planes[6]) if form_scores else (unused, unused)
+    return _Intermediates(unused, unused, scores, q_scale, k_scale, decay, inverse, planes[3], planes[4], gate_cumsum,
+                          k_rnorm)
