@@ -9,6 +9,7 @@ below 2^31 elements, so it is a reference that needs no dense fp64 recurrence.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 
@@ -17,15 +18,8 @@ import torch
 from benchmarks.registry import gdn_design
 
 
-def run_large_index_check(tokens: int = 2**31 // (32 * 128) + 4096, device: str = "cuda", segments: int = 4,
-                          design: str | None = None) -> dict:
-    """``design``: one of launch.DESIGNS for every run here; None keeps the launch table's."""
-    from polykernels.gated_delta_rule import chunk
-
-    if design is not None:
-        with gdn_design(design):
-            return {**run_large_index_check(tokens, device, segments), "design": design}
-    chunk_gated_delta_rule = chunk.chunk_gated_delta_rule
+def run_large_index_check(tokens: int = 2**31 // (32 * 128) + 4096, device: str = "cuda", segments: int = 4) -> dict:
+    from polykernels.gated_delta_rule import chunk_gated_delta_rule
 
     heads, dim = 32, 128
     gen = torch.Generator(device=device).manual_seed(0)
@@ -67,6 +61,9 @@ def run_large_index_check(tokens: int = 2**31 // (32 * 128) + 4096, device: str 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=2**31 // (32 * 128) + 4096)
-    parser.add_argument("--design", default=None, help="a design of the two passes (launch.DESIGNS)")
+    from polykernels.gated_delta_rule.launch import DESIGNS
+
+    parser.add_argument("--design", choices=list(DESIGNS), default=None, help="a design of the two passes")
     args = parser.parse_args()
-    print(json.dumps(run_large_index_check(args.tokens, design=args.design)))
+    with gdn_design(args.design) if args.design else contextlib.nullcontext():
+        print(json.dumps({**run_large_index_check(args.tokens), "design": args.design or "launch table's"}))

@@ -170,6 +170,8 @@ def gdn_design(design: str) -> Iterator[None]:
     launch table (launch.RECURRENCE_DESIGN) picks."""
     from polykernels.gated_delta_rule import launch
 
+    if design not in launch.DESIGNS:
+        raise ValueError(f"unknown design {design!r}; known: {list(launch.DESIGNS)}")
     saved = dict(launch.RECURRENCE_DESIGN)
     launch.RECURRENCE_DESIGN.update(dict.fromkeys(saved, design))
     try:

@@ -2,7 +2,7 @@
 
 gdn: GPU time per segments-per-sequence choice at the benchmark shapes (plan_segments and
 MIN_SEGMENT_CHUNKS in gated_delta_rule/launch.py). gdn-launch: per V tile, warps and stages of the
-two passes and per design (chunk.py's RECURRENCE_* (RECURRENCE_DESIGN too) and PREPARE_LAUNCH),
+two passes and per design (launch.py's RECURRENCE_*, RECURRENCE_DESIGN among them, and PREPARE_LAUNCH),
 with each kernel's share of the time.
 norm: per rows per block, warps, programs per SM and stages (norm/kernels.py: NORM_LAUNCH,
 NORM_PERSISTENT).
@@ -47,7 +47,7 @@ def sweep_gdn(device: str) -> list[dict]:
 
 
 def sweep_gdn_launch(device: str) -> list[dict]:
-    """GPU time per launch choice of the two passes (chunk.py's tables), and where the time goes."""
+    """GPU time per launch choice of the two passes (launch.py's tables), and where the time goes."""
     from polykernels.gated_delta_rule import chunk_gated_delta_rule, launch
 
     results = []

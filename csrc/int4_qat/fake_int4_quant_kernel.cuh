@@ -178,8 +178,7 @@ __global__ void fake_int4_quant_kernel(const void* __restrict__ x, void* __restr
 #pragma unroll
       for (int i = 0; i < kPerLane; ++i) {
         const float q = rounded_quotient(values[i], params.scale, reciprocal, threshold);
-        const float code = kSymmetric ? clampf(q, -7.0f, 7.0f) : clampf(q + zero_point, 0.0f, 15.0f);
-        codes.values[i] = nan_group ? 0 : static_cast<int8_t>(code);
+        codes.values[i] = nan_group ? 0 : static_cast<int8_t>(code_of(q, params, kSymmetric));
       }
       store_run<int8_t, kPerLane, kAligned>(static_cast<int8_t*>(out) + first, codes);
     } else {
@@ -190,7 +189,7 @@ __global__ void fake_int4_quant_kernel(const void* __restrict__ x, void* __restr
         if (nan_group) {
           store_element<kType>(result.values, i, NAN);  // the canonical NaN of PyTorch
         } else if constexpr (kSymmetric) {
-          store_finite_element<kType>(result.values, i, dequant(clampf(q, -7.0f, 7.0f), params));
+          store_finite_element<kType>(result.values, i, dequant(code_of(q, params, true), params));
         } else {
           // dequant(clamp(q + z, 0, 15)) in two instructions fewer, with the same bits: for the
           // integers q and z, clamp(q + z, 0, 15) - z is clamp(q, -z, 15 - z) (exact below 2^24;

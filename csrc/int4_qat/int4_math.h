@@ -107,7 +107,6 @@ PK_HOST_DEVICE inline float dequant(float code, const GroupParams& params) {
   return (code - static_cast<float>(params.zero)) * params.scale;
 }
 
-
 template <ElementType kType>
 PK_HOST_DEVICE inline float load_element(const void* base, int64_t index) {
   if constexpr (kType == ElementType::kFloat32) {
