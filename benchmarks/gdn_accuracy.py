@@ -1,20 +1,19 @@
-"""python -m benchmarks.gdn_accuracy: bf16 error of ours and FLA against the fp64 recurrence.
+"""python -m benchmarks.gdn_accuracy [MAX_TOKENS] [--case TEXT]: bf16 error of ours and FLA against
+the fp64 recurrence.
 
 Relative RMS error (the spec's measure) of o and the final state at every benchmark shape, both
-implementations on the same inputs; the goal is ours <= 1.5x FLA's. Ours in both designs of its
-two passes (launch.DESIGNS), so a design is measured before the launch table picks it.
+implementations on the same inputs; the goal is ours <= 1.5x FLA's.
 """
 
 from __future__ import annotations
 
-import contextlib
+import argparse
 import importlib.util
 import json
-import sys
 
 import torch
 
-from benchmarks.registry import GDN_SHAPES, gdn_design, gdn_inputs
+from benchmarks.registry import GDN_SHAPES, gdn_inputs
 
 
 def relative_rms_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -22,15 +21,15 @@ def relative_rms_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return float(diff / expected.double().pow(2).mean().sqrt().clamp_min(1e-30))
 
 
-def main(max_tokens: int) -> list[dict]:
-    from polykernels.gated_delta_rule import chunk_gated_delta_rule, launch, naive_recurrent_gated_delta_rule
+def main(max_tokens: int, cases: list[str] | None = None) -> list[dict]:
+    from polykernels.gated_delta_rule import chunk_gated_delta_rule, naive_recurrent_gated_delta_rule
 
     fla = None
     if importlib.util.find_spec("fla") is not None:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla
     rows = []
     for name, batch, tokens, heads, value_heads, lengths in GDN_SHAPES:
-        if batch * tokens > max_tokens:
+        if batch * tokens > max_tokens or (cases and not any(text in name for text in cases)):
             continue
         inputs = gdn_inputs(batch, tokens, heads, value_heads, "cuda")
         cu = None
@@ -38,13 +37,12 @@ def main(max_tokens: int) -> list[dict]:
             cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
         want_o, want_s = naive_recurrent_gated_delta_rule(*(t.double() for t in inputs), output_final_state=True,
                                                           cu_seqlens=cu)
-        row = {"shape": name, "shipped design": launch.RECURRENCE_DESIGN[128]}
-        impls = {f"polykernels {design}": (chunk_gated_delta_rule, design) for design in launch.DESIGNS}
+        row = {"shape": name}
+        impls = {"polykernels": chunk_gated_delta_rule}
         if fla is not None:
-            impls["FLA"] = (fla, None)
-        for impl, (fn, design) in impls.items():
-            with gdn_design(design) if design is not None else contextlib.nullcontext():
-                o, state = fn(*inputs, output_final_state=True, cu_seqlens=cu)
+            impls["FLA"] = fla
+        for impl, fn in impls.items():
+            o, state = fn(*inputs, output_final_state=True, cu_seqlens=cu)
             row[f"{impl} o"] = f"{relative_rms_error(o, want_o):.2e}"
             row[f"{impl} state"] = f"{relative_rms_error(state, want_s):.2e}"
         print(json.dumps(row), flush=True)
@@ -53,4 +51,8 @@ def main(max_tokens: int) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 1 << 30)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gdn_accuracy")
+    parser.add_argument("max_tokens", nargs="?", type=int, default=1 << 30, help="skip shapes with more tokens")
+    parser.add_argument("--case", action="append", help="only the shapes whose name contains this text")
+    args = parser.parse_args()
+    main(args.max_tokens, args.case)

@@ -9,13 +9,10 @@ below 2^31 elements, so it is a reference that needs no dense fp64 recurrence.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import time
 
 import torch
-
-from benchmarks.registry import gdn_design
 
 
 def run_large_index_check(tokens: int = 2**31 // (32 * 128) + 4096, device: str = "cuda", segments: int = 4) -> dict:
@@ -61,9 +58,4 @@ def run_large_index_check(tokens: int = 2**31 // (32 * 128) + 4096, device: str 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=2**31 // (32 * 128) + 4096)
-    from polykernels.gated_delta_rule.launch import DESIGNS
-
-    parser.add_argument("--design", choices=list(DESIGNS), default=None, help="a design of the two passes")
-    args = parser.parse_args()
-    with gdn_design(args.design) if args.design else contextlib.nullcontext():
-        print(json.dumps({**run_large_index_check(args.tokens), "design": args.design or "launch table's"}))
+    print(json.dumps(run_large_index_check(parser.parse_args().tokens)))

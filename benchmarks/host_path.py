@@ -1,13 +1,20 @@
-"""python -m benchmarks.host_path: Python time per call of the eager launch paths, on any CPU.
+"""python -m benchmarks.host_path [--device cuda]: host time per call of the eager launch paths.
 
-The kernel launches are replaced by no-ops and the GPU-only guards by their GPU answers, so what is
-timed is this package's own Python per call (checks, plan, allocations on the CPU, spec keys), not
-Triton's launcher or the GPU allocator: the part of the bench's host column that a build host can
-measure. Best of 7 rounds of 3000 calls.
+On any CPU (the default): the kernel launches are replaced by no-ops and the GPU-only guards by
+their GPU answers, so what is timed is this package's own Python per call (checks, plan,
+allocations on the CPU, spec keys), not Triton's launcher or the GPU allocator: the part of the
+bench's host column that a build host can measure. Best of 7 rounds of 3000 calls.
+
+With ``--device cuda``: the bench's host column split into its parts at the bench shapes, each
+timed as the bench does (calls issued while the GPU is busy): the public op, the launch function
+alone (no argument checks), the launch function with the kernel launches stubbed (Python and GPU
+allocations), and a one-kernel torch op (the launch floor).
 """
 
 from __future__ import annotations
 
+import argparse
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -75,5 +82,39 @@ def norm_rows() -> dict[str, float]:
     }
 
 
+def _gdn_gpu_row(heads: int, value_heads: int, lengths: list[int] | None) -> dict[str, float]:
+    from benchmarks.registry import gdn_inputs
+    from benchmarks.timing import host_us
+    from polykernels.gated_delta_rule import chunk_gated_delta_rule, launch
+
+    tokens = 32768 if lengths is None else sum(lengths)
+    q, k, v, g, beta = gdn_inputs(1, tokens, heads, value_heads, "cuda")
+    cu = None if lengths is None else torch.tensor([0, lengths[0], tokens], dtype=torch.int32, device="cuda")
+    public = functools.partial(chunk_gated_delta_rule, q, k, v, g, beta, output_final_state=True, cu_seqlens=cu)
+    launch_only = functools.partial(launch.launch_chunk_gated_delta_rule, q, k, v, g, beta, 128**-0.5, None, True,
+                                    cu, False)
+    row = {"public op": host_us(public), "launch function": host_us(launch_only)}
+    original, none = launch._launchers, _NoLaunch()
+    launch._launchers = lambda: SimpleNamespace(plan=none, prepare=none, recurrence=none, combine=none)
+    try:
+        row["launch function, launches stubbed"] = host_us(launch_only)
+    finally:
+        launch._launchers = original
+    return {key: round(value, 1) for key, value in row.items()}
+
+
+def gpu_rows() -> dict[str, dict[str, float]]:
+    from benchmarks.timing import launch_floor_us
+
+    return {"gdn B1 T32768 32/32": _gdn_gpu_row(32, 32, None), "gdn 1x32768 2/8": _gdn_gpu_row(2, 8, None),
+            "gdn varlen 6144+2048 2/8": _gdn_gpu_row(2, 8, [6144, 2048]),
+            "one-kernel torch op (launch floor)": {"public op": round(launch_floor_us(), 1)}}
+
+
 if __name__ == "__main__":
-    print(json.dumps({"python_us_per_call": {**gdn_rows(), **norm_rows()}}, indent=1))
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.host_path")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    if parser.parse_args().device == "cuda":
+        print(json.dumps({"host_us_per_call": gpu_rows()}, indent=1))
+    else:
+        print(json.dumps({"python_us_per_call": {**gdn_rows(), **norm_rows()}}, indent=1))

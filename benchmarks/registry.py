@@ -6,7 +6,6 @@ the case so GB/s and TFLOP/s are computed the same way for ours and the peers'.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -164,22 +163,6 @@ GDN_SHAPES: list[tuple[str, int, int, int, int, list[int] | None]] = [
 ]
 
 
-@contextlib.contextmanager
-def gdn_design(design: str) -> Iterator[None]:
-    """Runs the gated delta rule with one design of its two passes (launch.DESIGNS), whatever the
-    launch table (launch.RECURRENCE_DESIGN) picks."""
-    from polykernels.gated_delta_rule import launch
-
-    if design not in launch.DESIGNS:
-        raise ValueError(f"unknown design {design!r}; known: {list(launch.DESIGNS)}")
-    saved = dict(launch.RECURRENCE_DESIGN)
-    launch.RECURRENCE_DESIGN.update(dict.fromkeys(saved, design))
-    try:
-        yield
-    finally:
-        launch.RECURRENCE_DESIGN.update(saved)
-
-
 def gdn_inputs(batch: int, tokens: int, heads: int, value_heads: int, device: str, dim: int = 128) -> tuple:
     gen = torch.Generator(device=device).manual_seed(0)
     q = torch.randn(batch, tokens, heads, dim, device=device, dtype=torch.bfloat16, generator=gen)
@@ -190,13 +173,8 @@ def gdn_inputs(batch: int, tokens: int, heads: int, value_heads: int, device: st
     return q, k.bfloat16(), v, g, beta
 
 
-def _with_design(design: str, fn: Callable[..., object], *args: object, **kwargs: object) -> object:
-    with gdn_design(design):
-        return fn(*args, **kwargs)
-
-
 def gdn_cases(device: str) -> Iterator[Case]:
-    from polykernels.gated_delta_rule import chunk_gated_delta_rule, launch
+    from polykernels.gated_delta_rule import chunk_gated_delta_rule
 
     fla = None
     if importlib.util.find_spec("fla") is not None:
@@ -212,10 +190,6 @@ def gdn_cases(device: str) -> Iterator[Case]:
             "polykernels": lambda a=(q, k, v, g, beta), cu=cu: chunk_gated_delta_rule(
                 *a, output_final_state=True, cu_seqlens=cu),
         }
-        for design in launch.DESIGNS:
-            if design != launch.RECURRENCE_DESIGN[128]:  # the other designs, until one run picks one
-                impls[f"polykernels {design}"] = lambda a=(q, k, v, g, beta), cu=cu, d=design: _with_design(
-                    d, chunk_gated_delta_rule, *a, output_final_state=True, cu_seqlens=cu)
         if fla is not None:
             # FLA wants g in fp32 and, for packed sequences, int32 boundaries: the same inputs.
             impls["FLA"] = lambda a=(q, k, v, g, beta), cu=cu: fla(*a, output_final_state=True, cu_seqlens=cu)

@@ -1,18 +1,18 @@
-"""python -m benchmarks.sweep [gdn|gdn-launch|norm]: the launch choices the kernels' tables come from.
+"""python -m benchmarks.sweep [gdn|gdn-launch|norm] [--axis TEXT]: the launch choices the kernels' tables come from.
 
 gdn: GPU time per segments-per-sequence choice at the benchmark shapes (plan_segments and
 MIN_SEGMENT_CHUNKS in gated_delta_rule/launch.py). gdn-launch: per V tile, warps and stages of the
-two passes and per design (launch.py's RECURRENCE_*, RECURRENCE_DESIGN among them, and PREPARE_LAUNCH),
-with each kernel's share of the time.
+two passes (launch.py's RECURRENCE_* and PREPARE_LAUNCH), with each kernel's share of the time.
 norm: per rows per block, warps, programs per SM and stages (norm/kernels.py: NORM_LAUNCH,
 NORM_PERSISTENT).
+--axis (repeatable) keeps only the gdn-launch axes whose name contains the text ("BV", "prepare").
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
-import sys
 
 import torch
 
@@ -46,20 +46,22 @@ def sweep_gdn(device: str) -> list[dict]:
     return results
 
 
-def sweep_gdn_launch(device: str) -> list[dict]:
+def sweep_gdn_launch(device: str, axes: list[str] | None = None) -> list[dict]:
     """GPU time per launch choice of the two passes (launch.py's tables), and where the time goes."""
     from polykernels.gated_delta_rule import chunk_gated_delta_rule, launch
 
     results = []
-    tables = (launch.RECURRENCE_BLOCK_V, launch.RECURRENCE_LAUNCH, launch.PREPARE_LAUNCH, launch.RECURRENCE_DESIGN)
+    tables = (launch.RECURRENCE_BLOCK_V, launch.RECURRENCE_LAUNCH, launch.PREPARE_LAUNCH)
     originals = [dict(t) for t in tables]
     # (wide, narrow) both set to one BV: the V tile is forced whatever plan_segments would pick.
-    choices = {"BV x warps x stages": [((bv, bv), (w, st), None, None) for bv, w, st in
+    choices = {"BV x warps x stages": [((bv, bv), (w, st), None) for bv, w, st in
                                        ((64, 4, 3), (32, 4, 3), (32, 4, 2), (32, 8, 3), (16, 4, 3))],
-               "prepare BV x warps": [(None, None, (bv, w), None) for bv in (64, 128) for w in (4, 8)],
-               # Each design with the tables' own tiles, then each with both V tiles.
-               "design": [(None, None, None, d) for d in launch.DESIGNS]
-                         + [((bv, bv), None, None, d) for d in launch.DESIGNS for bv in (64, 32)]}
+               "prepare BV x warps": [(None, None, (bv, w)) for bv in (64, 128) for w in (4, 8)]}
+    if axes:
+        kept = {label: configs for label, configs in choices.items() if any(a in label for a in axes)}
+        if not kept:
+            raise SystemExit(f"--axis {axes}: no gdn-launch axis matches; the axes are {list(choices)}")
+        choices = kept
     # The thin shapes too: there the V tile also sets the segment count (plan_segments), and a
     # 64-wide tile with more segments beat the 32-wide one at 1x32768 2/8 (BENCHMARKS.md).
     for name, batch, tokens, heads, value_heads in (("B1 T32768 H32/32", 1, 32768, 32, 32),
@@ -135,12 +137,16 @@ def sweep_norm(device: str) -> list[dict]:
 
 
 if __name__ == "__main__":
-    which = sys.argv[1:] or ["gdn", "norm"]
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.sweep")
+    parser.add_argument("which", nargs="*", choices=["gdn", "gdn-launch", "norm"], default=["gdn", "norm"])
+    parser.add_argument("--axis", action="append", help="gdn-launch: keep the axes whose name contains this")
+    args = parser.parse_args()
+    which = args.which
     out = {}
     if "gdn" in which:
         out["gdn"] = sweep_gdn("cuda")
     if "norm" in which:
         out["norm"] = sweep_norm("cuda")
     if "gdn-launch" in which:
-        out["gdn-launch"] = sweep_gdn_launch("cuda")
+        out["gdn-launch"] = sweep_gdn_launch("cuda", args.axis)
     print(json.dumps(out))

@@ -105,10 +105,9 @@ def test_gated_delta_rule_spec_keys_decide_the_specialization(monkeypatch: pytes
     cases = itertools.product(
         [(1, 63, 2, 4, 32, 32), (2, 64, 1, 2, 16, 48), (1, 200, 1, 1, 32, 32)],
         [torch.bfloat16, torch.float32], [None, torch.int32, torch.int64], [False, True], [None, 3], [False, True],
-        [False, True], launch.DESIGNS, [torch.float32, torch.bfloat16],
+        [False, True], [torch.float32, torch.bfloat16],
     )
-    for shape, dtype, cu_dtype, initial, segments, misaligned, final, design, g_dtype in cases:
-        monkeypatch.setitem(launch.RECURRENCE_DESIGN, shape[4], design)
+    for shape, dtype, cu_dtype, initial, segments, misaligned, final, g_dtype in cases:
         batch, tokens, heads, value_heads, key_dim, value_dim = shape
         if cu_dtype is not None and batch != 1:
             continue

@@ -14,14 +14,11 @@ def choose(device_type: str) -> Choice:
         return Choice("torch", f"{device_type} tensors run the chunked torch implementation")
     if not platform.has_triton():
         return Choice("torch", "triton is not installed")
-    from polykernels.gated_delta_rule.launch import RECURRENCE_DESIGN
-
     seen = platform.current()
     return Choice("triton", f"{seen.backend} {seen.arch}: Triton chunked kernels (int64 chunk offsets): a "
                             "parallel prepare pass, then one sequential pass per (V tile, segment, head) with the "
                             "state on chip; sequences are cut into segments when N x HV x V tiles fill at most half "
-                            "the SMs (launch.plan_segments; num_segments= overrides); prepare hands the recurrence "
-                            f"{RECURRENCE_DESIGN[128]!r} at K = 128 (launch.DESIGNS)")
+                            "the SMs (launch.plan_segments; num_segments= overrides)")
 
 
 def dot_precision(fp32_inputs: bool) -> str:

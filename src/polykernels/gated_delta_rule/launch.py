@@ -1,5 +1,5 @@
-"""Launching the gated-delta-rule Triton kernels: the launch tables, the segment plan, the designs
-of the two passes, and one cached recipe per class of call (what chunk.py's public op runs on GPUs).
+"""Launching the gated-delta-rule Triton kernels: the launch tables, the segment plan and one
+cached recipe per class of call (what chunk.py's public op runs on GPUs).
 
 The public op and its argument checks are in chunk.py; the kernels in kernels.py and
 recurrence_kernels.py.
@@ -24,9 +24,9 @@ MAX_HEAD_DIM = 256
 MAX_VALUE_HEADS = (2**31 - 1) // (CHUNK * MAX_HEAD_DIM)
 
 # Context parallelism (plan_segments): a sequence is cut when its sequential programs (N x HV x V
-# tiles) fill at most half the SMs, into about SMs / programs segments of at least
+# tiles) fill at most half the SMs, into SMs // programs segments (one wave) of at least
 # MIN_SEGMENT_CHUNKS chunks (each segment but the last also costs a pass over K transition columns).
-# From the H200 sweep (BENCHMARKS.md, "segments"): the best split gave about one program per SM.
+# From the H200 sweeps (BENCHMARKS.md, "segments"): the best split gave about one program per SM.
 MIN_SEGMENT_CHUNKS = 8
 WHOLE_SEQUENCE = 2**34  # chunks per segment when a sequence is not cut: more than any sequence has
 
@@ -52,21 +52,26 @@ def plan_segments(
     """The V tile and the segments per sequence, from (N, HV, T, K, V, SMs).
 
     Wide V tiles (fewer programs re-reading each chunk's q, k, w) when the programs still fill
-    the GPU twice over; narrow ones otherwise. Then segments while the programs fill at most half
-    the SMs.
+    the GPU twice over, or when even narrow ones would leave it half empty and the sequences are
+    long enough to be cut anyway (there, on the H200, wide tiles with more segments beat narrow
+    ones with fewer: 0.66 vs 0.75 ms at 1 x 32768 tokens x 8 value heads, BENCHMARKS.md); narrow
+    ones otherwise. Then segments while the programs fill at most half the SMs.
     """
     chunks = max(1, -(-total_tokens // num_seqs // CHUNK))
     wide, narrow = RECURRENCE_BLOCK_V[_block(key_dim)]
-    tiles = -(-value_dim // min(wide, _block(value_dim)))
-    block_v = wide if num_seqs * value_heads * tiles >= 2 * sm_count else narrow
-    block_v = min(block_v, _block(value_dim))
+    wide, narrow = min(wide, _block(value_dim)), min(narrow, _block(value_dim))
+    wide_programs = num_seqs * value_heads * -(-value_dim // wide)
+    narrow_programs = num_seqs * value_heads * -(-value_dim // narrow)
+    cut_anyway = 2 * narrow_programs <= sm_count and chunks >= 2 * MIN_SEGMENT_CHUNKS
+    block_v = wide if wide_programs >= 2 * sm_count or cut_anyway else narrow
     programs = num_seqs * value_heads * -(-value_dim // block_v)
     if num_segments is not None:
         segments, why = num_segments, f"{num_segments} segments per sequence requested"
     elif 2 * programs > sm_count:
         segments, why = 1, f"{programs} sequential programs (N x HV x V/{block_v}) for {sm_count} SMs: no split"
     else:
-        segments = max(1, min(-(-sm_count // programs), chunks // MIN_SEGMENT_CHUNKS))
+        # At most one wave: 9 segments of 16 programs (144 for 132 SMs) ran 18% slower than 8.
+        segments = max(1, min(sm_count // programs, chunks // MIN_SEGMENT_CHUNKS))
         why = (f"{programs} sequential programs (N x HV x V/{block_v}) for {sm_count} SMs: {segments} segments "
                f"of >= {MIN_SEGMENT_CHUNKS} chunks per sequence")
     segments = max(1, min(segments, chunks))
@@ -101,18 +106,6 @@ RECURRENCE_BLOCK_V: dict[int, tuple[int, int]] = {16: (64, 32), 32: (64, 32), 64
                                                   256: (32, 16)}
 RECURRENCE_LAUNCH: dict[int, tuple[int, int]] = {16: (4, 3), 32: (4, 3), 64: (4, 3), 128: (4, 3), 256: (8, 1)}
 PREPARE_LAUNCH: dict[int, tuple[int, int]] = {64: (64, 4), 128: (128, 4), 256: (64, 8)}
-# What the prepare pass hands the recurrence through HBM (recurrence_kernels' APPLY_INVERSE and
-# FORM_SCORES), per design: "w-u-p" w, u and the scores P; "ai-p" (I + A)^-1 and P, the recurrence
-# applying the inverse itself; "ai" (I + A)^-1 alone, the recurrence also forming P from its q and k.
-DESIGNS: dict[str, dict[str, bool]] = {
-    "w-u-p": {"APPLY_INVERSE": False, "FORM_SCORES": False},
-    "ai-p": {"APPLY_INVERSE": True, "FORM_SCORES": False},
-    "ai": {"APPLY_INVERSE": True, "FORM_SCORES": True},
-}
-# Per padded K. "ai-p" and "ai" move 17% and 34% fewer bytes at K = V = 128 (two V tiles) for one
-# more product on the sequential path, and have not been measured on a GPU yet: "w-u-p" stays until
-# a same-run sweep (`python -m benchmarks.sweep gdn-launch`) shows another faster.
-RECURRENCE_DESIGN: dict[int, str] = dict.fromkeys((16, 32, 64, 128, 256), "w-u-p")
 # The prepare kernel's K and V tiles are at least this wide (narrower heads are masked): its
 # products (I + A)^-1 x (32 columns) of 16-bit inputs came out wrong, or faulted, on the H200
 # (Triton 3.6, sm_90 wgmma with the left operand in registers); 64 columns are right.
@@ -152,7 +145,7 @@ def launch_chunk_gated_delta_rule(
     block_k = _block(key_dim)
     recipe = _recipe(q.shape, v.shape, q.dtype, None if cu_seqlens is None else cu_seqlens.dtype, num_seqs,
                      initial_state is not None, output_final_state, use_qk_l2norm_in_kernel, num_segments, device,
-                     platform.current(), RECURRENCE_DESIGN[block_k], RECURRENCE_BLOCK_V[block_k],
+                     platform.current(), RECURRENCE_BLOCK_V[block_k],
                      RECURRENCE_LAUNCH[block_k], PREPARE_LAUNCH[max(block_k, PREPARE_MIN_BLOCK)])
     run = _launchers()
     if cu_seqlens is not None:
@@ -164,15 +157,15 @@ def launch_chunk_gated_delta_rule(
     else:
         cu = chunk_offsets = seg_offsets = _unused_offsets(device)
     initial = initial_state.float().contiguous() if initial_state is not None else final
-    held = _intermediates(recipe.design_flags, batch * tokens, value_heads, key_dim, value_dim, q.dtype, device)
+    held = _intermediates(batch * tokens, value_heads, key_dim, value_dim, q.dtype, device)
     # The launchers' spec_key: the recipe's (every integer argument and constexpr, the dtypes), then
     # each caller tensor's 16-byte alignment (the rest are fresh allocations).
     spec = (recipe.spec, q.data_ptr() & 15, k.data_ptr() & 15, v.data_ptr() & 15, g.dtype, g.data_ptr() & 15,
             beta.dtype, beta.data_ptr() & 15, initial.data_ptr() & 15, cu.data_ptr() & 15)
     run.prepare(recipe.prepare_grid, (q, k, v, g, beta, *held, cu, chunk_offsets, tokens, num_seqs,
                                       recipe.chunks_per_seq, scale), spec_key=spec, **recipe.prepare_meta)
-    chunk_tensors = (q, k, v, *held)
-    segments = (cu, seg_offsets, tokens, num_seqs, recipe.segments_per_seq, recipe.segment_tokens, scale)
+    chunk_tensors = (q, k, *held)
+    segments = (cu, seg_offsets, tokens, num_seqs, recipe.segments_per_seq, recipe.segment_tokens)
     h_init = initial
     if recipe.segment_chunks:
         h_local = torch.empty(recipe.max_segments, value_heads, key_dim, value_dim, dtype=torch.float32,
@@ -195,7 +188,6 @@ class _Recipe:
     that are not shapes. ``spec`` is the class itself, the first part of every launch's spec_key."""
 
     spec: tuple
-    design_flags: dict[str, bool]
     chunks_per_seq: int
     segment_chunks: int  # 0: each sequence is one segment (the plan kernel then counts one per sequence)
     segments_per_seq: int
@@ -218,7 +210,7 @@ class _Recipe:
 def _recipe(
     q_shape: torch.Size, v_shape: torch.Size, dtype: torch.dtype, cu_dtype: torch.dtype | None, num_seqs: int,
     has_initial: bool, output_final_state: bool, l2norm: bool, num_segments: int | None, device: torch.device,
-    seen: platform.Platform, design: str, block_vs: tuple[int, int], launch: tuple[int, int],
+    seen: platform.Platform, block_vs: tuple[int, int], launch: tuple[int, int],
     prepare_launch: tuple[int, int],
 ) -> _Recipe:
     batch, tokens, heads, key_dim = q_shape
@@ -243,22 +235,21 @@ def _recipe(
     prep_bv = max(min(prep_bv, _block(value_dim)), PREPARE_MIN_BLOCK)
     # Stages the device cannot hold (fp32 tiles; 64 KiB on gfx942) fall back in the launcher.
     num_warps, num_stages = launch
-    flags = DESIGNS[design]
     shape = {"H": heads, "HV": value_heads, "K": key_dim, "V": value_dim, "BT": CHUNK, "BK": block_k}
     where = {"VARLEN": varlen, "LOG_N": max(1, num_seqs.bit_length()), "DOT_PRECISION": precision}
     value_tiles = -(-value_dim // block_v)
     recurrence = {**shape, "BV": block_v, "NV": value_tiles, **where}
-    recurrence_tail = {**flags, "L2NORM": l2norm, "num_warps": num_warps, "num_stages": num_stages}
+    recurrence_tail = {"num_warps": num_warps, "num_stages": num_stages}
     return _Recipe(
         spec=(q_shape, v_shape, dtype, cu_dtype, num_seqs, has_initial, output_final_state, l2norm, num_segments,
-              device, seen, design, block_vs, launch, prepare_launch),
-        design_flags=flags, chunks_per_seq=chunks_per_seq, segment_chunks=segment_chunks,
+              device, seen, block_vs, launch, prepare_launch),
+        chunks_per_seq=chunks_per_seq, segment_chunks=segment_chunks,
         segments_per_seq=segments_per_seq, max_segments=max_segments, segment_tokens=segment_tokens,
         plan_meta={"BT": CHUNK, "BLOCK": 1024, "num_warps": 4, "num_stages": 1},
         prepare_grid=(max_chunks, value_heads),
         prepare_meta={**shape, "BK": max(block_k, PREPARE_MIN_BLOCK), "BV": prep_bv, "NV": -(-value_dim // prep_bv),
                       "L2NORM": l2norm, **where,
-                      "INVERSE_PRECISION": guards.inverse_precision(fp32_inputs=dtype == torch.float32), **flags,
+                      "INVERSE_PRECISION": guards.inverse_precision(fp32_inputs=dtype == torch.float32),
                       "num_warps": prep_warps, "num_stages": 1},
         segment_state_grid=(value_tiles + -(-key_dim // block_v), max_segments, value_heads),
         segment_state_meta={**recurrence, "HAS_INITIAL": False, "SEGMENT_STATE": True, "STORE_FINAL": False,
@@ -274,38 +265,21 @@ def _recipe(
 
 
 class _Intermediates(NamedTuple):
-    """What the prepare pass writes for the recurrence, in the kernels' argument order; a design's
-    unused ones alias a used tensor (a NamedTuple: built on every call, for little host time)."""
+    """What the prepare pass writes for the recurrence, in the kernels' argument order (a NamedTuple:
+    built on every call, for little host time)."""
 
     w: torch.Tensor
     u: torch.Tensor
-    scores: torch.Tensor
+    scores: torch.Tensor  # P, chunk x chunk per chunk and head
     q_scale: torch.Tensor
     k_scale: torch.Tensor
     decay: torch.Tensor
-    inverse: torch.Tensor
-    w_scale: torch.Tensor
-    v_scale: torch.Tensor
-    gate_cumsum: torch.Tensor
-    k_rnorm: torch.Tensor
 
 
-def _intermediates(flags: dict[str, bool], total: int, value_heads: int, key_dim: int, value_dim: int,
-                   dtype: torch.dtype, device: torch.device) -> _Intermediates:
-    apply_inverse, form_scores = flags["APPLY_INVERSE"], flags["FORM_SCORES"]
-    # fp32 row scales, one plane each: q, k, decay; w and v (Ai applied); gc and 1/||k|| (P formed).
-    planes = torch.empty(3 + 2 * apply_inverse + 2 * form_scores, total, value_heads, dtype=torch.float32,
-                         device=device)
-    q_scale, k_scale, decay = planes[0], planes[1], planes[2]
-    unused = q_scale  # stands for what a design does not read
-    chunk_square = (total, value_heads, CHUNK)  # Ai or the scores P: chunk x chunk per chunk and head
-    if not apply_inverse:
-        w = torch.empty(total, value_heads, key_dim, dtype=dtype, device=device)
-        u = torch.empty(total, value_heads, value_dim, dtype=dtype, device=device)
-        scores = torch.empty(chunk_square, dtype=dtype, device=device)
-        return _Intermediates(w, u, scores, q_scale, k_scale, decay, unused, unused, unused, unused, unused)
-    inverse = torch.empty(chunk_square, dtype=dtype, device=device)
-    scores = unused if form_scores else torch.empty(chunk_square, dtype=dtype, device=device)
-    gate_cumsum, k_rnorm = (planes[5], planes[6]) if form_scores else (unused, unused)
-    return _Intermediates(unused, unused, scores, q_scale, k_scale, decay, inverse, planes[3], planes[4], gate_cumsum,
-                          k_rnorm)
+def _intermediates(total: int, value_heads: int, key_dim: int, value_dim: int, dtype: torch.dtype,
+                   device: torch.device) -> _Intermediates:
+    row_scales = torch.empty(3, total, value_heads, dtype=torch.float32, device=device)  # q, k, decay
+    return _Intermediates(torch.empty(total, value_heads, key_dim, dtype=dtype, device=device),
+                          torch.empty(total, value_heads, value_dim, dtype=dtype, device=device),
+                          torch.empty(total, value_heads, CHUNK, dtype=dtype, device=device),
+                          row_scales[0], row_scales[1], row_scales[2])

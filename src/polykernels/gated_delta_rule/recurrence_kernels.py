@@ -10,11 +10,6 @@
    its state tile on chip. Per chunk, two products lie on the sequential path
    (v_new = u - w h; h' = decay h + k^T (k_scale . v_new)) and two beside it
    (o = q_scale . (q h) + P v_new); per-chunk states never reach HBM.
-   With ``APPLY_INVERSE`` (both passes) prepare stores Ai and two row scales instead of w and u,
-   and the recurrence forms v_new = Ai (vs . v - ws . (k h)): a third product on the sequential
-   path, two fewer in prepare, and no w or u round trip through HBM (192 instead of 232 KiB per
-   chunk and head at K = V = 128 with two V tiles). With ``FORM_SCORES`` too, the recurrence
-   forms P from its q and k (152 KiB). launch.DESIGNS names the designs, launch.RECURRENCE_DESIGN picks.
    With ``SEGMENT_STATE`` it instead runs every segment but a sequence's last from a zero state
    (value columns) and from the identity (K transition columns, u = 0), storing the segment's local
    state and its K x K transition; ``kernels.gdn_combine_kernel`` turns those into each segment's
@@ -47,12 +42,11 @@ from polykernels.gated_delta_rule.kernels import (
 
 @triton.jit
 def gdn_prepare_kernel(
-    Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr, AI_ptr, WS_ptr, VS_ptr,
-    GC_ptr, RK_ptr, CU, CHUNK_OFFSETS, T, N, CHUNKS_PER_SEQ, scale,
+    Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr, CU, CHUNK_OFFSETS,
+    T, N, CHUNKS_PER_SEQ, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, NV: tl.constexpr, L2NORM: tl.constexpr, VARLEN: tl.constexpr, LOG_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, INVERSE_PRECISION: tl.constexpr, APPLY_INVERSE: tl.constexpr,
-    FORM_SCORES: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, INVERSE_PRECISION: tl.constexpr,
 ):
     i_c = tl.program_id(0).to(tl.int64)
     i_hv = tl.program_id(1).to(tl.int64)
@@ -72,52 +66,30 @@ def gdn_prepare_kernel(
         row_of = chunk_start * HV + i_hv
         v_chunk, u_chunk = V_ptr + row_of * V, U_ptr + row_of * V
 
-        if APPLY_INVERSE:
-            # The recurrence forms v_new = Ai (vs . v - ws . (k h)) itself: store Ai and the row
-            # scales (vs = beta, ws = beta gamma / ||k||) instead of w and u. v is read here only
-            # for its non-finite rows, which end the chunk's valid rows as below.
-            for i_v in tl.static_range(0, NV):
-                v_cols = i_v * BV + tl.arange(0, BV)
-                v = tl.load(v_chunk + _tile(rows, v_cols, HV * V), mask=in_chunk[:, None] & (v_cols[None, :] < V),
-                            other=0.0)
-                first_bad = tl.minimum(first_bad, tl.min(tl.where(_bad_rows(v), rows, BT), axis=0))
-            keep = rows < first_bad
-            tl.store(AI_ptr + row_of * BT + _tile(rows, rows, HV * BT), inverse_lp.to(AI_ptr.dtype.element_ty),
-                     mask=in_chunk[:, None])
-            tl.store(WS_ptr + row_of + rows * HV, tl.where(keep, b * tl.exp(gc) * rk, 0.0), mask=in_chunk)
-            tl.store(VS_ptr + row_of + rows * HV, tl.where(keep, b, 0.0), mask=in_chunk)
-        else:
-            kbg = (k.to(tl.float32) * (b * tl.exp(gc))[:, None]).to(dtype)
-            w = tl.dot(inverse_lp, kbg, input_precision=DOT_PRECISION)
-            tl.store(W_ptr + row_of * K + _tile(rows, k_cols, HV * K), w.to(W_ptr.dtype.element_ty), mask=k_mask)
+        kbg = (k.to(tl.float32) * (b * tl.exp(gc))[:, None]).to(dtype)
+        w = tl.dot(inverse_lp, kbg, input_precision=DOT_PRECISION)
+        tl.store(W_ptr + row_of * K + _tile(rows, k_cols, HV * K), w.to(W_ptr.dtype.element_ty), mask=k_mask)
 
-            # A non-finite v row also ends the chunk's valid rows (the scores below need the final row).
-            for i_v in tl.static_range(0, NV):
-                v_cols = i_v * BV + tl.arange(0, BV)
-                v_mask = in_chunk[:, None] & (v_cols[None, :] < V)
-                v = tl.load(v_chunk + _tile(rows, v_cols, HV * V), mask=v_mask, other=0.0)
-                first_bad = tl.minimum(first_bad, tl.min(tl.where(_bad_rows(v), rows, BT), axis=0))
-                vb = tl.where((rows < first_bad)[:, None], v.to(tl.float32) * b[:, None], 0.0).to(dtype)
-                u = tl.dot(inverse_lp, vb, input_precision=DOT_PRECISION)
-                tl.store(u_chunk + _tile(rows, v_cols, HV * V), u.to(U_ptr.dtype.element_ty), mask=v_mask)
-            keep = rows < first_bad
+        # A non-finite v row also ends the chunk's valid rows (the scores below need the final row).
+        for i_v in tl.static_range(0, NV):
+            v_cols = i_v * BV + tl.arange(0, BV)
+            v_mask = in_chunk[:, None] & (v_cols[None, :] < V)
+            v = tl.load(v_chunk + _tile(rows, v_cols, HV * V), mask=v_mask, other=0.0)
+            first_bad = tl.minimum(first_bad, tl.min(tl.where(_bad_rows(v), rows, BT), axis=0))
+            vb = tl.where((rows < first_bad)[:, None], v.to(tl.float32) * b[:, None], 0.0).to(dtype)
+            u = tl.dot(inverse_lp, vb, input_precision=DOT_PRECISION)
+            tl.store(u_chunk + _tile(rows, v_cols, HV * V), u.to(U_ptr.dtype.element_ty), mask=v_mask)
 
-        if FORM_SCORES:
-            # The recurrence forms the scores from its q and k: it gets the gate cumsum and 1 / ||k||,
-            # and takes q's norm from q itself (q_scale below leaves it out).
-            tl.store(GC_ptr + row_of + rows * HV, gc, mask=in_chunk)
-            tl.store(RK_ptr + row_of + rows * HV, rk, mask=in_chunk)
-            rq = tl.full([BT], 1.0, tl.float32)
-        else:
-            # Scores of l2-normalized q against l2-normalized k (k comes normalized).
-            q = tl.load(Q_ptr + (chunk_start * H + i_h) * K + _tile(rows, k_cols, H * K), mask=k_mask, other=0.0)
-            rq = _row_rsqrt_norm(q, L2NORM)
-            qn = (q.to(tl.float32) * rq[:, None]).to(dtype)
-            scores = tl.dot(qn, tl.trans(k), input_precision=DOT_PRECISION)
-            causal = (rows[:, None] >= rows[None, :]) & keep[None, :]
-            scores = tl.where(causal, scores * (scale * tl.exp(gc[:, None] - gc[None, :])), 0.0)
-            tl.store(P_ptr + row_of * BT + _tile(rows, rows, HV * BT), scores.to(P_ptr.dtype.element_ty),
-                     mask=in_chunk[:, None])
+        # Scores of l2-normalized q against l2-normalized k (k comes normalized).
+        keep = rows < first_bad
+        q = tl.load(Q_ptr + (chunk_start * H + i_h) * K + _tile(rows, k_cols, H * K), mask=k_mask, other=0.0)
+        rq = _row_rsqrt_norm(q, L2NORM)
+        qn = (q.to(tl.float32) * rq[:, None]).to(dtype)
+        scores = tl.dot(qn, tl.trans(k), input_precision=DOT_PRECISION)
+        causal = (rows[:, None] >= rows[None, :]) & keep[None, :]
+        scores = tl.where(causal, scores * (scale * tl.exp(gc[:, None] - gc[None, :])), 0.0)
+        tl.store(P_ptr + row_of * BT + _tile(rows, rows, HV * BT), scores.to(P_ptr.dtype.element_ty),
+                 mask=in_chunk[:, None])
 
         # The sequential pass reads raw q and k: their norms, the gates and the masks go in here.
         # Padding rows and rows past a bad one have g = 0: the last row's cumsum is the chunk's total.
@@ -129,12 +101,11 @@ def gdn_prepare_kernel(
 
 @triton.jit
 def gdn_recurrence_kernel(
-    Q_ptr, K_ptr, V_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr, AI_ptr, WS_ptr, VS_ptr, GC_ptr, RK_ptr,
-    HINIT_ptr, HT_ptr, O_ptr, HLOC_ptr, M_ptr, CU, SEG_OFFSETS, T, N, SEGS_PER_SEQ, SEG_TOKENS, scale,
+    Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr, HINIT_ptr, HT_ptr, O_ptr, HLOC_ptr, M_ptr,
+    CU, SEG_OFFSETS, T, N, SEGS_PER_SEQ, SEG_TOKENS,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, NV: tl.constexpr, VARLEN: tl.constexpr, LOG_N: tl.constexpr, HAS_INITIAL: tl.constexpr,
     SEGMENT_STATE: tl.constexpr, STORE_FINAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    APPLY_INVERSE: tl.constexpr, FORM_SCORES: tl.constexpr, L2NORM: tl.constexpr,
 ):
     i_col = tl.program_id(0)
     i_s = tl.program_id(1).to(tl.int64)
@@ -168,46 +139,21 @@ def gdn_recurrence_kernel(
         row_of = chunk_start * HV + i_hv
         qk_chunk = (chunk_start * H + i_h) * K
         v_tile = _tile(rows, cols, HV * V)
+        w = tl.load(W_ptr + row_of * K + _tile(rows, k_cols, HV * K), mask=k_mask, other=0.0)
         k = tl.load(K_ptr + qk_chunk + _tile(rows, k_cols, H * K), mask=k_mask, other=0.0)
+        u = tl.load(U_ptr + row_of * V + v_tile, mask=row_mask[:, None] & u_mask, other=0.0)
         k_scale = tl.load(KS_ptr + row_of + rows * HV, mask=row_mask, other=0.0)
         decay = tl.load(DECAY_ptr + row_of)
-        entering = state.to(k.dtype)
-        if APPLY_INVERSE:
-            # v_new = Ai (vs . v - ws . (k h)): w h and u without w and u. Rows that are not kept
-            # (vs = 0: padding, past a non-finite row) enter as 0, never as 0 x NaN.
-            inverse = tl.load(AI_ptr + row_of * BT + _tile(rows, rows, HV * BT), mask=row_mask[:, None], other=0.0)
-            v = tl.load(V_ptr + row_of * V + v_tile, mask=row_mask[:, None] & u_mask, other=0.0)
-            v_scale = tl.load(VS_ptr + row_of + rows * HV, mask=row_mask, other=0.0)
-            w_scale = tl.load(WS_ptr + row_of + rows * HV, mask=row_mask, other=0.0)
-            kh = tl.dot(k, entering, input_precision=DOT_PRECISION)
-            x = tl.where((v_scale != 0.0)[:, None], v.to(tl.float32) * v_scale[:, None] - kh * w_scale[:, None], 0.0)
-            v_new = tl.dot(inverse, x.to(k.dtype), input_precision=DOT_PRECISION)
-        else:
-            w = tl.load(W_ptr + row_of * K + _tile(rows, k_cols, HV * K), mask=k_mask, other=0.0)
-            u = tl.load(U_ptr + row_of * V + v_tile, mask=row_mask[:, None] & u_mask, other=0.0)
-            v_new = u.to(tl.float32) - tl.dot(w, entering, input_precision=DOT_PRECISION)
-        update = (v_new * k_scale[:, None]).to(k.dtype)
+
+        entering = state.to(w.dtype)
+        v_new = u.to(tl.float32) - tl.dot(w, entering, input_precision=DOT_PRECISION)
+        update = (v_new * k_scale[:, None]).to(w.dtype)
         if not SEGMENT_STATE:
             q = tl.load(Q_ptr + qk_chunk + _tile(rows, k_cols, H * K), mask=k_mask, other=0.0)
+            scores = tl.load(P_ptr + row_of * BT + _tile(rows, rows, HV * BT), mask=row_mask[:, None], other=0.0)
             q_scale = tl.load(QS_ptr + row_of + rows * HV, mask=row_mask, other=0.0)
-            if FORM_SCORES:
-                # P = scale (q k^T / (||q|| ||k||)) . Gamma, causal. Columns past a non-finite row need
-                # no mask: only rows at or past it (whose outputs are NaN) see them.
-                # The row factors go on the 64 x BV operands, not on the chunk x chunk tile.
-                rq = _row_rsqrt_norm(q, L2NORM)
-                gc = tl.load(GC_ptr + row_of + rows * HV, mask=row_mask, other=0.0)
-                rk = tl.load(RK_ptr + row_of + rows * HV, mask=row_mask, other=0.0)
-                scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-                causal = rows[:, None] >= rows[None, :]
-                scores = tl.where(causal, scores * tl.exp(gc[:, None] - gc[None, :]), 0.0).to(k.dtype)
-                out = tl.dot(scores, (v_new * rk[:, None]).to(k.dtype), input_precision=DOT_PRECISION)
-                out = out * (scale * rq)[:, None] + tl.dot(q, entering, input_precision=DOT_PRECISION) * (
-                    q_scale * rq)[:, None]
-            else:
-                scores = tl.load(P_ptr + row_of * BT + _tile(rows, rows, HV * BT), mask=row_mask[:, None],
-                                 other=0.0)
-                out = tl.dot(q, entering, input_precision=DOT_PRECISION) * q_scale[:, None]
-                out += tl.dot(scores, v_new.to(k.dtype), input_precision=DOT_PRECISION)
+            out = tl.dot(q, entering, input_precision=DOT_PRECISION) * q_scale[:, None]
+            out += tl.dot(scores, v_new.to(w.dtype), input_precision=DOT_PRECISION)
             tl.store(O_ptr + row_of * V + v_tile, out.to(O_ptr.dtype.element_ty), mask=row_mask[:, None] & u_mask)
         state = state * decay + tl.dot(tl.trans(k), update, input_precision=DOT_PRECISION)
 

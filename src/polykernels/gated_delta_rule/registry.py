@@ -2,12 +2,11 @@
 
 Packed sequences (VARLEN), and the recurrence both as the output pass and as the segment-state
 pass of context parallelism, are the specializations registered: they compile every branch of
-the segment and chunk arithmetic. Every design of the two passes (launch.DESIGNS) is registered;
-the kernels of designs other than "w-u-p" are named after them ("gdn_prepare_ai_p").
+the segment and chunk arithmetic.
 """
 
 from polykernels.gated_delta_rule.guards import dot_precision, inverse_precision
-from polykernels.gated_delta_rule.launch import DESIGNS, PREPARE_LAUNCH, RECURRENCE_BLOCK_V, RECURRENCE_LAUNCH
+from polykernels.gated_delta_rule.launch import PREPARE_LAUNCH, RECURRENCE_BLOCK_V, RECURRENCE_LAUNCH
 from polykernels.kernel_registry import KernelSpec, register
 
 _MODULE = "polykernels.gated_delta_rule.kernels"
@@ -36,35 +35,26 @@ register(KernelSpec(
     constexprs={"BT": 64, "BLOCK": 1024},
     options=_SMALL,
 ))
-
-
-def _suffix(design: str) -> str:
-    return "" if design == "w-u-p" else "_" + design.replace("-", "_")
-
-
-for _design, _flags in DESIGNS.items():
-    register(KernelSpec(
-        name=f"gdn_prepare{_suffix(_design)}", module=_PASSES, function="gdn_prepare_kernel",
-        signature={"Q_ptr": "*bf16", "K_ptr": "*bf16", "V_ptr": "*bf16", "G_ptr": "*fp32", "BETA_ptr": "*bf16",
-                   "W_ptr": "*bf16", "U_ptr": "*bf16", "P_ptr": "*bf16", "QS_ptr": "*fp32", "KS_ptr": "*fp32",
-                   "DECAY_ptr": "*fp32", "AI_ptr": "*bf16", "WS_ptr": "*fp32", "VS_ptr": "*fp32",
-                   "GC_ptr": "*fp32", "RK_ptr": "*fp32", "CU": "*i32", "CHUNK_OFFSETS": "*i64", "T": "i32",
-                   "N": "i32", "CHUNKS_PER_SEQ": "i32", "scale": "fp32",
-                   **_constexpr("H", "HV", "K", "V", "BT", "BK", "BV", "NV", "L2NORM", "VARLEN", "LOG_N",
-                                "DOT_PRECISION", "INVERSE_PRECISION", "APPLY_INVERSE", "FORM_SCORES")},
-        constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV,
-                    "INVERSE_PRECISION": inverse_precision(fp32_inputs=False), **_flags},
-        platform_constexprs=_precision,
-        options={"num_warps": _PREPARE_WARPS, "num_stages": 1},
-    ))
+register(KernelSpec(
+    name="gdn_prepare", module=_PASSES, function="gdn_prepare_kernel",
+    signature={"Q_ptr": "*bf16", "K_ptr": "*bf16", "V_ptr": "*bf16", "G_ptr": "*fp32", "BETA_ptr": "*bf16",
+               "W_ptr": "*bf16", "U_ptr": "*bf16", "P_ptr": "*bf16", "QS_ptr": "*fp32", "KS_ptr": "*fp32",
+               "DECAY_ptr": "*fp32", "CU": "*i32", "CHUNK_OFFSETS": "*i64", "T": "i32", "N": "i32",
+               "CHUNKS_PER_SEQ": "i32", "scale": "fp32",
+               **_constexpr("H", "HV", "K", "V", "BT", "BK", "BV", "NV", "L2NORM", "VARLEN", "LOG_N",
+                            "DOT_PRECISION", "INVERSE_PRECISION")},
+    constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV,
+                "INVERSE_PRECISION": inverse_precision(fp32_inputs=False)},
+    platform_constexprs=_precision,
+    options={"num_warps": _PREPARE_WARPS, "num_stages": 1},
+))
 _RECURRENCE_SIGNATURE = {
-    "Q_ptr": "*bf16", "K_ptr": "*bf16", "V_ptr": "*bf16", "W_ptr": "*bf16", "U_ptr": "*bf16", "P_ptr": "*bf16",
-    "QS_ptr": "*fp32", "KS_ptr": "*fp32", "DECAY_ptr": "*fp32", "AI_ptr": "*bf16", "WS_ptr": "*fp32",
-    "VS_ptr": "*fp32", "GC_ptr": "*fp32", "RK_ptr": "*fp32", "HINIT_ptr": "*fp32", "HT_ptr": "*fp32",
-    "O_ptr": "*bf16", "HLOC_ptr": "*fp32", "M_ptr": "*fp32", "CU": "*i32", "SEG_OFFSETS": "*i64", "T": "i32",
-    "N": "i32", "SEGS_PER_SEQ": "i32", "SEG_TOKENS": "i64", "scale": "fp32",
+    "Q_ptr": "*bf16", "K_ptr": "*bf16", "W_ptr": "*bf16", "U_ptr": "*bf16", "P_ptr": "*bf16", "QS_ptr": "*fp32",
+    "KS_ptr": "*fp32", "DECAY_ptr": "*fp32", "HINIT_ptr": "*fp32", "HT_ptr": "*fp32", "O_ptr": "*bf16",
+    "HLOC_ptr": "*fp32", "M_ptr": "*fp32", "CU": "*i32", "SEG_OFFSETS": "*i64", "T": "i32", "N": "i32",
+    "SEGS_PER_SEQ": "i32", "SEG_TOKENS": "i64",
     **_constexpr("H", "HV", "K", "V", "BT", "BK", "BV", "NV", "VARLEN", "LOG_N", "HAS_INITIAL", "SEGMENT_STATE",
-                 "STORE_FINAL", "DOT_PRECISION", "APPLY_INVERSE", "FORM_SCORES", "L2NORM"),
+                 "STORE_FINAL", "DOT_PRECISION"),
 }
 
 def _fp32(signature: dict[str, str]) -> dict[str, str]:
@@ -77,20 +67,15 @@ def _precision_fp32() -> dict[str, str]:
 
 # fp32 inputs too: their pipeline stages take twice the shared memory (three do not fit an H200 at
 # K = 128; the launcher then drops one, and the matrix shows how many fit on each target).
-# The segment-state pass forms no scores: one kernel for "ai-p" and "ai".
-for _name, _segment_state, _signature, _precise, _design in (
-    ("gdn_recurrence", False, _RECURRENCE_SIGNATURE, _precision, "w-u-p"),
-    ("gdn_segment_state", True, _RECURRENCE_SIGNATURE, _precision, "w-u-p"),
-    ("gdn_recurrence_fp32", False, _fp32(_RECURRENCE_SIGNATURE), _precision_fp32, "w-u-p"),
-    ("gdn_recurrence_ai_p", False, _RECURRENCE_SIGNATURE, _precision, "ai-p"),
-    ("gdn_recurrence_ai", False, _RECURRENCE_SIGNATURE, _precision, "ai"),
-    ("gdn_segment_state_ai", True, _RECURRENCE_SIGNATURE, _precision, "ai-p"),
+for _name, _segment_state, _signature, _precise in (
+    ("gdn_recurrence", False, _RECURRENCE_SIGNATURE, _precision),
+    ("gdn_segment_state", True, _RECURRENCE_SIGNATURE, _precision),
+    ("gdn_recurrence_fp32", False, _fp32(_RECURRENCE_SIGNATURE), _precision_fp32),
 ):
     register(KernelSpec(
         name=_name, module=_PASSES, function="gdn_recurrence_kernel", signature=_signature,
         constexprs={**_SHAPE, "V": 128, "BV": _RECURRENCE_BV, "NV": 128 // _RECURRENCE_BV, "VARLEN": True,
-                    "LOG_N": 4, "HAS_INITIAL": True, "SEGMENT_STATE": _segment_state, "STORE_FINAL": True,
-                    "L2NORM": True, **DESIGNS[_design]},
+                    "LOG_N": 4, "HAS_INITIAL": True, "SEGMENT_STATE": _segment_state, "STORE_FINAL": True},
         platform_constexprs=_precise,
         options={"num_warps": _RECURRENCE_WARPS, "num_stages": _RECURRENCE_STAGES},
     ))

@@ -6,10 +6,9 @@ import torch
 from polykernels.gated_delta_rule import (
     chunk_gated_delta_rule,
     chunk_gated_delta_rule_torch,
-    launch,
     naive_recurrent_gated_delta_rule,
 )
-from polykernels.gated_delta_rule.launch import DESIGNS, launch_chunk_gated_delta_rule
+from polykernels.gated_delta_rule.launch import launch_chunk_gated_delta_rule
 from tests.helpers import relative_rms_error
 
 BOUND = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 5e-3}
@@ -46,13 +45,6 @@ def check_against_naive(run, inputs, dtype, *, initial=False, cu_seqlens=None, l
     assert relative_rms_error(got_s, want_s) < BOUND[dtype]
 
 
-@pytest.fixture(params=list(DESIGNS))
-def design(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every design of the two passes (launch.DESIGNS), whichever the launch table picks."""
-    monkeypatch.setattr(launch, "RECURRENCE_DESIGN", dict.fromkeys(launch.RECURRENCE_DESIGN, request.param))
-    return request.param
-
-
 CASES = {
     "T1": (1, 1, 2, 2, 64, 64),
     "T63": (2, 63, 1, 2, 32, 32),
@@ -67,7 +59,7 @@ CASES = {
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)  # interpreter bf16 dots are broken
 @pytest.mark.parametrize("initial", [False, True], ids=["h0-none", "h0-random"])
-def test_triton_kernels_match_naive_recurrence(design: str, case: str, dtype: torch.dtype, initial: bool) -> None:
+def test_triton_kernels_match_naive_recurrence(case: str, dtype: torch.dtype, initial: bool) -> None:
     check_against_naive(launch_chunk_gated_delta_rule, make_inputs(*CASES[case], dtype), dtype, initial=initial)
 
 
@@ -80,14 +72,14 @@ def test_triton_kernels_extreme_gates(gate: str) -> None:
 
 
 @pytest.mark.cpu_only
-def test_triton_kernels_l2norm_in_kernel(design: str) -> None:
+def test_triton_kernels_l2norm_in_kernel() -> None:
     dtype = torch.float32
     inputs = make_inputs(1, 70, 2, 4, 32, 32, dtype, l2norm_outside=False)
     check_against_naive(launch_chunk_gated_delta_rule, inputs, dtype, l2norm=True)
 
 
 @pytest.mark.cpu_only
-def test_triton_kernels_varlen_mixed_lengths(design: str) -> None:
+def test_triton_kernels_varlen_mixed_lengths() -> None:
     lengths = [1, 63, 0, 64, 65, 1]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     dtype = torch.float32
@@ -99,7 +91,7 @@ def test_triton_kernels_varlen_mixed_lengths(design: str) -> None:
 @pytest.mark.cpu_only
 @pytest.mark.parametrize(("batch", "tokens", "segments"), [(1, 300, 3), (2, 200, 2), (1, 130, 5)],
                          ids=["B1-T300-3seg", "B2-T200-2seg", "B1-T130-one-chunk-segments"])
-def test_triton_context_parallel_segments_match_naive(design: str, batch: int, tokens: int, segments: int) -> None:
+def test_triton_context_parallel_segments_match_naive(batch: int, tokens: int, segments: int) -> None:
     # Segments start from a zero state and the identity, then a scan gives each its initial state.
     dtype = torch.float32
     inputs = make_inputs(batch, tokens, 1, 2, 32, 48, dtype)
@@ -111,7 +103,7 @@ def test_triton_context_parallel_segments_match_naive(design: str, batch: int, t
 
 
 @pytest.mark.cpu_only
-def test_triton_varlen_sequences_split_independently(design: str) -> None:
+def test_triton_varlen_sequences_split_independently() -> None:
     lengths = [10, 250, 0, 40]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     dtype = torch.float32
@@ -145,7 +137,7 @@ NAN_POSITIONS = [0, 6, 63, 64, 100, 129]
 
 @pytest.mark.cpu_only
 @pytest.mark.parametrize("segments", [None, 2], ids=["whole", "2-segments"])
-def test_triton_nan_never_reaches_earlier_tokens(design: str, segments) -> None:
+def test_triton_nan_never_reaches_earlier_tokens(segments) -> None:
     _nan_causality(lambda *a: launch_chunk_gated_delta_rule(*a, 0.2, None, True, None, False, segments), "cpu",
                    NAN_POSITIONS)
 
@@ -157,11 +149,14 @@ def test_torch_chunked_nan_never_reaches_earlier_tokens() -> None:
 def test_segment_plan_fills_the_gpu_and_can_be_forced() -> None:
     from polykernels.gated_delta_rule.launch import plan_segments
 
-    # Qwen3.5 split 8 ways: 1 sequence x 8 value heads x 4 narrow V tiles = 32 programs for 132
-    # SMs: cut into segments until about one program per SM.
+    # Qwen3.5 split 8 ways: 1 sequence x 8 value heads would be 32 narrow-tile programs for 132 SMs,
+    # so the sequence is cut anyway: 16 wide-tile programs, cut into as many segments as fit one
+    # wave (8 x 16 = 128 programs for 132 SMs).
     thin = plan_segments(1, 65536, 8, 132)
-    assert (thin.block_v, thin.segments) == (32, 5) and thin.segment_chunks * thin.segments >= 1024
-    assert "5 segments" in thin.reason
+    assert (thin.block_v, thin.segments) == (64, 8) and thin.segment_chunks * thin.segments >= 1024
+    assert "8 segments" in thin.reason
+    # Too short to cut (fewer than 2 x MIN_SEGMENT_CHUNKS chunks): narrow tiles, more programs.
+    assert plan_segments(1, 15 * 64, 8, 132).block_v == 32
     # B8 x 32 heads: 512 wide-tile programs, no split; one sequence x 32 heads: 128 narrow ones, no split.
     assert (plan_segments(8, 8 * 4096, 32, 132).block_v, plan_segments(8, 8 * 4096, 32, 132).segments) == (64, 1)
     assert (plan_segments(1, 32768, 32, 132).block_v, plan_segments(1, 32768, 32, 132).segments) == (32, 1)
@@ -273,13 +268,13 @@ GPU_CASES = [(case, torch.bfloat16) for case in CASES] + [("T65", torch.float16)
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("case", "dtype"), GPU_CASES, ids=lambda v: str(v).removeprefix("torch."))
-def test_gpu_matches_naive_recurrence(design: str, gpu_device: str, case: str, dtype: torch.dtype) -> None:
+def test_gpu_matches_naive_recurrence(gpu_device: str, case: str, dtype: torch.dtype) -> None:
     inputs = make_inputs(*CASES[case], dtype, device=gpu_device)
     check_against_naive(launch_chunk_gated_delta_rule, inputs, dtype, initial=True)
 
 
 @pytest.mark.gpu
-def test_gpu_varlen_and_l2norm(design: str, gpu_device: str) -> None:
+def test_gpu_varlen_and_l2norm(gpu_device: str) -> None:
     lengths = [1, 63, 0, 64, 65, 1, 300]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=gpu_device)
     inputs = make_inputs(1, int(cu[-1]), 2, 4, 128, 128, torch.bfloat16, device=gpu_device, l2norm_outside=False)
@@ -289,7 +284,7 @@ def test_gpu_varlen_and_l2norm(design: str, gpu_device: str) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("segments", [None, 1, 7], ids=["auto", "whole", "7-segments"])
-def test_gpu_segments_match_naive(design: str, gpu_device: str, segments) -> None:
+def test_gpu_segments_match_naive(gpu_device: str, segments) -> None:
     inputs = make_inputs(2, 1000, 2, 8, 128, 128, torch.bfloat16, device=gpu_device)
 
     def run(*args):
@@ -300,7 +295,7 @@ def test_gpu_segments_match_naive(design: str, gpu_device: str, segments) -> Non
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("segments", [None, 2], ids=["whole", "2-segments"])
-def test_gpu_nan_never_reaches_earlier_tokens(design: str, gpu_device: str, segments) -> None:
+def test_gpu_nan_never_reaches_earlier_tokens(gpu_device: str, segments) -> None:
     _nan_causality(lambda *a: launch_chunk_gated_delta_rule(*a, 0.2, None, True, None, False, segments), gpu_device,
                    range(130))
 
@@ -326,7 +321,7 @@ def test_gpu_capturable_in_a_cuda_graph(gpu_device: str, packed: bool) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.slow
-def test_gpu_offsets_past_2_pow_31_elements(design: str, gpu_device: str) -> None:
+def test_gpu_offsets_past_2_pow_31_elements(gpu_device: str) -> None:
     # HV = 32, K = V = 128: q, k, v and o pass 2^31 elements beyond 524,288 tokens, on the
     # segmented (context-parallel) path. The oracle needs no dense reference: the same sequence
     # in pieces chained through final_state -> initial_state must give the same output and state.
@@ -345,8 +340,7 @@ def test_kernels_compile_for_amd(target: str) -> None:
 
     names = [name for name in kernels() if name.startswith("gdn_")]
     assert set(names) == {"gdn_plan", "gdn_prepare", "gdn_recurrence", "gdn_segment_state", "gdn_combine",
-                          "gdn_recurrence_fp32", "gdn_prepare_ai_p", "gdn_recurrence_ai_p", "gdn_prepare_ai",
-                          "gdn_recurrence_ai", "gdn_segment_state_ai"}
+                          "gdn_recurrence_fp32"}
     for kernel in names:
         result = probe(kernel, target)
         assert result.compiled and result.consistent, result.detail
