@@ -24,7 +24,7 @@ import torch
 
 
 class _NoLaunch:
-    def __call__(self, grid: tuple[int, ...], args: tuple, *, spec_key: object = None, **meta: object) -> None:
+    def __call__(self, grid: tuple[int, ...], args: tuple, meta: dict, *, spec_key: object = None) -> None:
         pass
 
 

@@ -51,7 +51,7 @@ class _KeyRecorder:
     def __init__(self) -> None:
         self.calls: list[tuple[object, tuple]] = []
 
-    def __call__(self, grid: tuple[int, ...], args: tuple, *, spec_key: object = None, **meta: object) -> None:
+    def __call__(self, grid: tuple[int, ...], args: tuple, meta: dict, *, spec_key: object = None) -> None:
         assert spec_key is not None, "every eager launch passes its spec_key"
         self.calls.append((spec_key, (*meta.values(), _args_key(args))))
 

@@ -153,7 +153,7 @@ def launch_chunk_gated_delta_rule(
         offsets = torch.empty(2, num_seqs + 1, dtype=torch.int64, device=device)
         cu, chunk_offsets, seg_offsets = cu_seqlens, offsets[0], offsets[1]
         run.plan((1,), (cu, chunk_offsets, seg_offsets, num_seqs, recipe.segment_chunks or WHOLE_SEQUENCE),
-                 spec_key=(recipe.spec, cu.data_ptr() & 15), **recipe.plan_meta)
+                 recipe.plan_meta, spec_key=(recipe.spec, cu.data_ptr() & 15))
     else:
         cu = chunk_offsets = seg_offsets = _unused_offsets(device)
     initial = initial_state.float().contiguous() if initial_state is not None else final
@@ -163,7 +163,7 @@ def launch_chunk_gated_delta_rule(
     spec = (recipe.spec, q.data_ptr() & 15, k.data_ptr() & 15, v.data_ptr() & 15, g.dtype, g.data_ptr() & 15,
             beta.dtype, beta.data_ptr() & 15, initial.data_ptr() & 15, cu.data_ptr() & 15)
     run.prepare(recipe.prepare_grid, (q, k, v, g, beta, *held, cu, chunk_offsets, tokens, num_seqs,
-                                      recipe.chunks_per_seq, scale), spec_key=spec, **recipe.prepare_meta)
+                                      recipe.chunks_per_seq, scale), recipe.prepare_meta, spec_key=spec)
     chunk_tensors = (q, k, *held)
     segments = (cu, seg_offsets, tokens, num_seqs, recipe.segments_per_seq, recipe.segment_tokens)
     h_init = initial
@@ -173,12 +173,12 @@ def launch_chunk_gated_delta_rule(
         transitions = torch.empty(recipe.max_segments, value_heads, key_dim, key_dim, dtype=torch.float32,
                                   device=device)
         run.recurrence(recipe.segment_state_grid, (*chunk_tensors, final, final, o, h_local, transitions, *segments),
-                       spec_key=(spec, True), **recipe.segment_state_meta)
+                       recipe.segment_state_meta, spec_key=(spec, True))
         h_init = torch.empty_like(h_local)
         run.combine(recipe.combine_grid, (initial, h_local, transitions, h_init, cu, seg_offsets, num_seqs,
-                                          recipe.segments_per_seq), spec_key=spec, **recipe.combine_meta)
+                                          recipe.segments_per_seq), recipe.combine_meta, spec_key=spec)
     run.recurrence(recipe.recurrence_grid, (*chunk_tensors, h_init, final, o, final, final, *segments),
-                   spec_key=(spec, False), **recipe.recurrence_meta)
+                   recipe.recurrence_meta, spec_key=(spec, False))
     return o, final if output_final_state else None
 
 

@@ -146,7 +146,7 @@ def _launch_norm(
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
     args = (x, y, weight if weight is not None else x, shift, scale, mean if stats else y, rstd if stats else y,
             rows, x.shape[1], x.shape[2], *strides, eps)
-    _launchers().norm(grid, args, spec_key=_norm_spec_key(x, weight, shift, scale, strides, exact, stats), **meta)
+    _launchers().norm(grid, args, meta, spec_key=_norm_spec_key(x, weight, shift, scale, strides, exact, stats))
     return y, mean, rstd
 
 
@@ -254,7 +254,7 @@ def _launch_qk(
         # The shapes give every integer argument; the outputs are fresh allocations (aligned).
         spec = (q.shape, k.shape, q.dtype, k.dtype, weight_q.dtype, weight_k.dtype, q.data_ptr() & 15,
                 k.data_ptr() & 15, weight_q.data_ptr() & 15, weight_k.data_ptr() & 15, only_q)
-        _launchers().qk(grid, args, spec_key=spec, **meta)
+        _launchers().qk(grid, args, meta, spec_key=spec)
     return q_out, k_out
 
 
