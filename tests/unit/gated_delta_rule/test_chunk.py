@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -164,6 +166,18 @@ def test_segment_plan_fills_the_gpu_and_can_be_forced() -> None:
     # Never more segments than chunks, nor segments shorter than MIN_SEGMENT_CHUNKS unless asked.
     assert plan_segments(1, 100, 1, 132, num_segments=5).segments == 2
     assert plan_segments(1, 100, 1, 132).segments == 1
+
+
+@pytest.mark.parametrize("sm_count", [80, 108, 132, 304])
+def test_segment_plan_cuts_into_one_wave(sm_count: int) -> None:
+    from polykernels.gated_delta_rule.launch import plan_segments
+
+    # A second wave of segments ran slower than one fewer segment (BENCHMARKS.md, "segments").
+    for num_seqs, value_heads, value_dim in itertools.product((1, 2, 3, 8), (1, 2, 6, 8, 16, 64), (64, 100, 128)):
+        plan = plan_segments(num_seqs, num_seqs * 65536, value_heads, sm_count, value_dim=value_dim)
+        programs = num_seqs * value_heads * -(-value_dim // plan.block_v)
+        assert plan.segments == 1 or programs * plan.segments <= sm_count, (num_seqs, value_heads, plan)
+        assert plan.segments > 1 or 2 * programs > sm_count, (num_seqs, value_heads, plan)
 
 
 @pytest.mark.parametrize("case", CASES)
