@@ -11,7 +11,8 @@ _MIN_SCALE_BITS = 0x3727C5AC
 
 
 def _fp32_constant(bits: int, device: torch.device) -> torch.Tensor:
-    return torch.tensor([bits], dtype=torch.int32, device=device).view(torch.float32)[0]
+    # Filled on the device, not copied from the host: the reference stays capturable in a CUDA graph.
+    return torch.full((1,), bits, dtype=torch.int32, device=device).view(torch.float32)[0]
 
 
 def fake_int4_quant_reference(
