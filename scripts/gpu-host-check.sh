@@ -5,7 +5,8 @@
 #   [STEPS="tests suites bench accuracy large-index"] scripts/gpu-host-check.sh OUT_DIR [pytest args...]
 # STEPS picks which of them run (all by default); each has its own timeout (*_TIMEOUT, seconds);
 # BENCH_ARGS goes to the benchmarks (e.g. "--only gdn --case T32768"), ACCURACY_ARGS to the GDN
-# accuracy check (e.g. "--case H2/8").
+# accuracy check (e.g. "--case H2/8"). The GDN GPU tests take minutes one by one: with pytest-xdist,
+# pass "-p no:benchmark -n 4" (pytest-benchmark refuses to run beside xdist).
 set -uo pipefail
 out=${1:-build/gpu-check}
 shift || true
