@@ -14,10 +14,11 @@ allocations), and a one-kernel torch op (the launch floor).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 
 import torch
@@ -26,6 +27,19 @@ import torch
 class _NoLaunch:
     def __call__(self, grid: tuple[int, ...], args: tuple, meta: dict, *, spec_key: object = None) -> None:
         pass
+
+
+@contextlib.contextmanager
+def _gdn_launches_stubbed() -> Iterator[None]:
+    """The gated delta rule's kernel launches are no-ops inside the block."""
+    from polykernels.gated_delta_rule import launch
+
+    original, none = launch._launchers, _NoLaunch()
+    launch._launchers = lambda: SimpleNamespace(plan=none, prepare=none, recurrence=none, combine=none)
+    try:
+        yield
+    finally:
+        launch._launchers = original
 
 
 def per_call_us(fn: Callable[[], object], calls: int = 3000, rounds: int = 7) -> float:
@@ -43,22 +57,20 @@ def per_call_us(fn: Callable[[], object], calls: int = 3000, rounds: int = 7) ->
 def gdn_rows() -> dict[str, float]:
     from polykernels.gated_delta_rule import launch
 
-    none = _NoLaunch()
-    launch._launchers = lambda: SimpleNamespace(plan=none, prepare=none, recurrence=none, combine=none)
     rows = {}
-    for heads, value_heads in ((32, 32), (2, 8)):
-        q = torch.randn(1, 64, heads, 128, dtype=torch.bfloat16)
-        v = torch.randn(1, 64, value_heads, 128, dtype=torch.bfloat16)
-        g, beta = -torch.rand(1, 64, value_heads), torch.rand(1, 64, value_heads)
-        rows[f"gdn B1 T64 {heads}/{value_heads}"] = per_call_us(
-            lambda q=q, v=v, g=g, beta=beta: launch.launch_chunk_gated_delta_rule(q, q, v, g, beta, 0.1, None, True,
-                                                                                  None, True))
-    q = torch.randn(1, 128, 2, 128, dtype=torch.bfloat16)
-    v = torch.randn(1, 128, 8, 128, dtype=torch.bfloat16)
-    g, beta = -torch.rand(1, 128, 8), torch.rand(1, 128, 8)
-    cu, h0 = torch.tensor([0, 64, 128], dtype=torch.int32), torch.zeros(2, 8, 128, 128)
-    rows["gdn packed 2x64 2/8, initial state, 2 segments"] = per_call_us(
-        lambda: launch.launch_chunk_gated_delta_rule(q, q, v, g, beta, 0.1, h0, True, cu, True, 2))
+    with _gdn_launches_stubbed():
+        for heads, value_heads in ((32, 32), (2, 8)):
+            q = torch.randn(1, 64, heads, 128, dtype=torch.bfloat16)
+            v = torch.randn(1, 64, value_heads, 128, dtype=torch.bfloat16)
+            g, beta = -torch.rand(1, 64, value_heads), torch.rand(1, 64, value_heads)
+            rows[f"gdn B1 T64 {heads}/{value_heads}"] = per_call_us(functools.partial(
+                launch.launch_chunk_gated_delta_rule, q, q, v, g, beta, 0.1, None, True, None, True))
+        q = torch.randn(1, 128, 2, 128, dtype=torch.bfloat16)
+        v = torch.randn(1, 128, 8, 128, dtype=torch.bfloat16)
+        g, beta = -torch.rand(1, 128, 8), torch.rand(1, 128, 8)
+        cu, h0 = torch.tensor([0, 64, 128], dtype=torch.int32), torch.zeros(2, 8, 128, 128)
+        rows["gdn packed 2x64 2/8, initial state, 2 segments"] = per_call_us(
+            functools.partial(launch.launch_chunk_gated_delta_rule, q, q, v, g, beta, 0.1, h0, True, cu, True, 2))
     return rows
 
 
@@ -94,12 +106,8 @@ def _gdn_gpu_row(heads: int, value_heads: int, lengths: list[int] | None) -> dic
     launch_only = functools.partial(launch.launch_chunk_gated_delta_rule, q, k, v, g, beta, 128**-0.5, None, True,
                                     cu, False)
     row = {"public op": host_us(public), "launch function": host_us(launch_only)}
-    original, none = launch._launchers, _NoLaunch()
-    launch._launchers = lambda: SimpleNamespace(plan=none, prepare=none, recurrence=none, combine=none)
-    try:
+    with _gdn_launches_stubbed():
         row["launch function, launches stubbed"] = host_us(launch_only)
-    finally:
-        launch._launchers = original
     return {key: round(value, 1) for key, value in row.items()}
 
 
