@@ -8,7 +8,8 @@ bench's host column that a build host can measure. Best of 7 rounds of 3000 call
 With ``--device cuda``: the bench's host column split into its parts at the bench shapes, each
 timed as the bench does (calls issued while the GPU is busy): the public op, the launch function
 alone (no argument checks), the launch function with the kernel launches stubbed (Python and GPU
-allocations), and a one-kernel torch op (the launch floor).
+allocations), and a one-kernel torch op (the launch floor); the FLUX norms at B1 L4608 D3072,
+public op and launch stubbed.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def norm_rows() -> dict[str, float]:
     from polykernels.norm import ops
 
     none = _NoLaunch()
-    ops._launchers = lambda: SimpleNamespace(norm=none, qk=none)
+    ops._launchers = lambda: SimpleNamespace(norm=none, qk=none)  # for good: a CPU process times only these
     ops._eager_gpu = lambda x: True
     ops._gpu_path = lambda x, exact_epilogue: "triton"
     x = torch.randn(1, 64, 3072, dtype=torch.bfloat16)
@@ -111,11 +112,46 @@ def _gdn_gpu_row(heads: int, value_heads: int, lengths: list[int] | None) -> dic
     return {key: round(value, 1) for key, value in row.items()}
 
 
+@contextlib.contextmanager
+def _norm_launches_stubbed() -> Iterator[None]:
+    """The norm ops' kernel launches are no-ops inside the block."""
+    from polykernels.norm import ops
+
+    original, none = ops._launchers, _NoLaunch()
+    ops._launchers = lambda: SimpleNamespace(norm=none, qk=none)
+    try:
+        yield
+    finally:
+        ops._launchers = original
+
+
+def _norm_gpu_rows() -> dict[str, dict[str, float]]:
+    from benchmarks.timing import host_us
+    from polykernels.norm import ops
+
+    x = torch.randn(1, 4608, 3072, dtype=torch.bfloat16, device="cuda")
+    shift, scale = torch.randn(1, 6 * 3072, dtype=torch.bfloat16, device="cuda").chunk(6, dim=1)[:2]
+    weight = torch.randn(3072, dtype=torch.bfloat16, device="cuda")
+    heads = torch.randn(1, 4608, 24, 128, dtype=torch.bfloat16, device="cuda")
+    head_weight = torch.randn(128, dtype=torch.bfloat16, device="cuda")
+    calls = {
+        "layernorm_modulate B1 L4608 D3072": lambda: ops.layernorm_modulate(x, shift, scale),
+        "rmsnorm_scale_shift B1 L4608 D3072": lambda: ops.rmsnorm_scale_shift(x, weight, shift, scale),
+        "qk_rmsnorm B1 L4608 24x128": lambda: ops.qk_rmsnorm(heads, heads, head_weight, head_weight),
+        "head_rmsnorm B1 L4608 24x128": lambda: ops.head_rmsnorm(heads, head_weight),
+    }
+    rows = {name: {"public op": host_us(call)} for name, call in calls.items()}
+    with _norm_launches_stubbed():
+        for name, call in calls.items():
+            rows[name]["launch stubbed"] = host_us(call)
+    return {name: {key: round(value, 1) for key, value in row.items()} for name, row in rows.items()}
+
+
 def gpu_rows() -> dict[str, dict[str, float]]:
     from benchmarks.timing import launch_floor_us
 
     return {"gdn B1 T32768 32/32": _gdn_gpu_row(32, 32, None), "gdn 1x32768 2/8": _gdn_gpu_row(2, 8, None),
-            "gdn varlen 6144+2048 2/8": _gdn_gpu_row(2, 8, [6144, 2048]),
+            "gdn varlen 6144+2048 2/8": _gdn_gpu_row(2, 8, [6144, 2048]), **_norm_gpu_rows(),
             "one-kernel torch op (launch floor)": {"public op": round(launch_floor_us(), 1)}}
 
 

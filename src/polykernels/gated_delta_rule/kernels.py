@@ -152,17 +152,12 @@ def _chunk_span(i_c, CU, CHUNK_OFFSETS, T, N, CHUNKS_PER_SEQ, BT: tl.constexpr, 
 
 
 @triton.jit
-def _chunk_inverse(K_ptr, G_ptr, BETA_ptr, chunk_start, length, i_h, i_hv,
-                   H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                   L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr, INVERSE_PRECISION: tl.constexpr):
-    """Ai = (I + A)^-1 of one chunk, A = strictly lower (beta k k^T . Gamma), as whole BT-row tiles.
-
-    Whole tiles, not two halves: BT = 64 rows give each of 4 warps its own 16 rows of every
-    tensor-core product, where 32-row halves made two warps repeat the other two's work (and
-    hold its registers). Rows from the first one whose k, g or beta is non-finite on are zeroed
-    first (their outputs become NaN later). Returns the l2-normalized k, 1 / ||k|| (rk), beta,
-    the gate cumsum, Ai and that first bad row.
-    """
+def _chunk_keys(K_ptr, G_ptr, BETA_ptr, chunk_start, length, i_h, i_hv,
+                H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                L2NORM: tl.constexpr):
+    """One chunk's keys, betas and gates: (l2-normalized k, 1 / ||k|| (rk), beta, the gate cumsum,
+    the first row whose k, g or beta is non-finite). That row and the ones after it are zeroed
+    (their outputs become NaN later)."""
     rows = tl.arange(0, BT)
     k_cols = tl.arange(0, BK)
     in_chunk = rows < length
@@ -178,12 +173,22 @@ def _chunk_inverse(K_ptr, G_ptr, BETA_ptr, chunk_start, length, i_h, i_hv,
     keep = rows < first_bad
     k = tl.where(keep[:, None], k, 0.0)
     g, b = tl.where(keep, g, 0.0), tl.where(keep, b, 0.0)
-    gc = tl.cumsum(g, axis=0)
+    return k, rk, b, tl.cumsum(g, axis=0), first_bad
+
+
+@triton.jit
+def _chunk_inverse(k, b, gc, BT: tl.constexpr, DOT_PRECISION: tl.constexpr, INVERSE_PRECISION: tl.constexpr):
+    """Ai = (I + A)^-1 of one chunk, A = strictly lower (beta k k^T . Gamma), as whole BT-row tiles.
+
+    Whole tiles, not two halves: BT = 64 rows give each of 4 warps its own 16 rows of every
+    tensor-core product, where 32-row halves made two warps repeat the other two's work (and
+    hold its registers).
+    """
+    rows = tl.arange(0, BT)
     kb = (k.to(tl.float32) * b[:, None]).to(k.dtype)
     a = tl.dot(kb, tl.trans(k), input_precision=DOT_PRECISION)
     a = tl.where(rows[:, None] > rows[None, :], a * tl.exp(gc[:, None] - gc[None, :]), 0.0)
-    inverse = _unit_lower_inverse(a, BT, CHUNK_INVERSE_LEVELS, INVERSE_PRECISION)
-    return k, rk, b, gc, inverse, first_bad
+    return _unit_lower_inverse(a, BT, CHUNK_INVERSE_LEVELS, INVERSE_PRECISION)
 
 
 @triton.jit

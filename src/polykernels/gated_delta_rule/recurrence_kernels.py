@@ -1,8 +1,8 @@
 """Triton kernels of the gated delta rule forward: one parallel pass, one sequential pass.
 
 1. ``prepare``     one program per (chunk, value head), fully parallel. Everything that does not
-   depend on the state: the gate cumsum, Ai = (I + A)^-1 (kernels._chunk_inverse),
-   w = Ai (beta gamma k), u = Ai (beta v), the causal gated scores P = scale (q k^T . Gamma), and
+   depend on the state: the gate cumsum, the causal gated scores P = scale (q k^T . Gamma),
+   Ai = (I + A)^-1 (kernels._chunk_inverse), w = Ai (beta gamma k), u = Ai (beta v), and
    per-row scales that fold the l2 norms, the gates and the non-finite masks into two vectors
    (q_scale, k_scale) and one per-chunk decay. The sequential pass then reads q and k as the caller
    gave them and feeds them to the tensor cores without touching their elements.
@@ -32,6 +32,7 @@ import triton.language as tl
 from polykernels.gated_delta_rule.kernels import (
     _bad_rows,
     _chunk_inverse,
+    _chunk_keys,
     _chunk_span,
     _nan,
     _row_rsqrt_norm,
@@ -53,43 +54,47 @@ def gdn_prepare_kernel(
     i_h = i_hv // (HV // H)
     chunk_start, length = _chunk_span(i_c, CU, CHUNK_OFFSETS, T, N, CHUNKS_PER_SEQ, BT, VARLEN, LOG_N)
     if length > 0:
-        k, rk, b, gc, inverse, first_bad = _chunk_inverse(
-            K_ptr, G_ptr, BETA_ptr, chunk_start, length, i_h, i_hv, H, HV, K, BT, BK, L2NORM, DOT_PRECISION,
-            INVERSE_PRECISION)
         rows = tl.arange(0, BT)
         in_chunk = rows < length
         k_cols = tl.arange(0, BK)
         k_mask = in_chunk[:, None] & (k_cols[None, :] < K)
-        dtype = k.dtype
-        inverse_lp = inverse.to(dtype)
         # One int64 base per tensor and chunk; int32 offsets inside it (kernels._tile).
         row_of = chunk_start * HV + i_hv
         v_chunk, u_chunk = V_ptr + row_of * V, U_ptr + row_of * V
+        # Loads early: two programs share an SM (255 registers each), too few to hide a load issued
+        # just before its use (ncu: a third of the stalls waited on q and v). q comes with k and
+        # the scores are made before the inverse; v is loaded as the inverse ends (with it live
+        # through the inverse the kernel spilled twice as much).
+        q = tl.load(Q_ptr + (chunk_start * H + i_h) * K + _tile(rows, k_cols, H * K), mask=k_mask, other=0.0)
+        k, rk, b, gc, first_bad = _chunk_keys(K_ptr, G_ptr, BETA_ptr, chunk_start, length, i_h, i_hv, H, HV, K, BT,
+                                              BK, L2NORM)
+        dtype = k.dtype
+        # Scores of l2-normalized q against l2-normalized k. Causal is the only mask they need:
+        # k is zero from the first bad row on, and rows from there on come out NaN through q_scale.
+        rq = _row_rsqrt_norm(q, L2NORM)
+        qn = (q.to(tl.float32) * rq[:, None]).to(dtype)
+        scores = tl.dot(qn, tl.trans(k), input_precision=DOT_PRECISION)
+        scores = tl.where(rows[:, None] >= rows[None, :], scores * (scale * tl.exp(gc[:, None] - gc[None, :])), 0.0)
+        tl.store(P_ptr + row_of * BT + _tile(rows, rows, HV * BT), scores.to(P_ptr.dtype.element_ty),
+                 mask=in_chunk[:, None])
 
+        inverse_lp = _chunk_inverse(k, b, gc, BT, DOT_PRECISION, INVERSE_PRECISION).to(dtype)
+        v_first = tl.load(v_chunk + _tile(rows, tl.arange(0, BV), HV * V),
+                          mask=in_chunk[:, None] & (tl.arange(0, BV)[None, :] < V), other=0.0)
         kbg = (k.to(tl.float32) * (b * tl.exp(gc))[:, None]).to(dtype)
         w = tl.dot(inverse_lp, kbg, input_precision=DOT_PRECISION)
         tl.store(W_ptr + row_of * K + _tile(rows, k_cols, HV * K), w.to(W_ptr.dtype.element_ty), mask=k_mask)
 
-        # A non-finite v row also ends the chunk's valid rows (the scores below need the final row).
+        # A non-finite v row also ends the chunk's valid rows (the scales below need the final row).
         for i_v in tl.static_range(0, NV):
             v_cols = i_v * BV + tl.arange(0, BV)
             v_mask = in_chunk[:, None] & (v_cols[None, :] < V)
-            v = tl.load(v_chunk + _tile(rows, v_cols, HV * V), mask=v_mask, other=0.0)
+            v = v_first if i_v == 0 else tl.load(v_chunk + _tile(rows, v_cols, HV * V), mask=v_mask, other=0.0)
             first_bad = tl.minimum(first_bad, tl.min(tl.where(_bad_rows(v), rows, BT), axis=0))
             vb = tl.where((rows < first_bad)[:, None], v.to(tl.float32) * b[:, None], 0.0).to(dtype)
             u = tl.dot(inverse_lp, vb, input_precision=DOT_PRECISION)
             tl.store(u_chunk + _tile(rows, v_cols, HV * V), u.to(U_ptr.dtype.element_ty), mask=v_mask)
-
-        # Scores of l2-normalized q against l2-normalized k (k comes normalized).
         keep = rows < first_bad
-        q = tl.load(Q_ptr + (chunk_start * H + i_h) * K + _tile(rows, k_cols, H * K), mask=k_mask, other=0.0)
-        rq = _row_rsqrt_norm(q, L2NORM)
-        qn = (q.to(tl.float32) * rq[:, None]).to(dtype)
-        scores = tl.dot(qn, tl.trans(k), input_precision=DOT_PRECISION)
-        causal = (rows[:, None] >= rows[None, :]) & keep[None, :]
-        scores = tl.where(causal, scores * (scale * tl.exp(gc[:, None] - gc[None, :])), 0.0)
-        tl.store(P_ptr + row_of * BT + _tile(rows, rows, HV * BT), scores.to(P_ptr.dtype.element_ty),
-                 mask=in_chunk[:, None])
 
         # The sequential pass reads raw q and k: their norms, the gates and the masks go in here.
         # Padding rows and rows past a bad one have g = 0: the last row's cumsum is the chunk's total.
@@ -97,6 +102,15 @@ def gdn_prepare_kernel(
         tl.store(QS_ptr + row_of + rows * HV, tl.where(keep, scale * rq * tl.exp(gc), _nan()), mask=in_chunk)
         tl.store(KS_ptr + row_of + rows * HV, tl.where(keep, rk * tl.exp(gate_last - gc), 0.0), mask=in_chunk)
         tl.store(DECAY_ptr + row_of, tl.where(first_bad < BT, _nan(), tl.exp(gate_last)))
+
+
+@triton.jit
+def _row_scales(QS_ptr, DECAY_ptr, chunk_start, end, i_hv, HV: tl.constexpr, BT: tl.constexpr):
+    """(q_scale, decay) of the chunk at chunk_start; zeros past ``end``."""
+    rows = tl.arange(0, BT)
+    row_of = chunk_start * HV + i_hv
+    q_scale = tl.load(QS_ptr + row_of + rows * HV, mask=chunk_start + rows < end, other=0.0)
+    return q_scale, tl.load(DECAY_ptr + row_of, mask=chunk_start < end, other=0.0)
 
 
 @triton.jit
@@ -132,7 +146,13 @@ def gdn_recurrence_kernel(
         else:
             state = tl.zeros([BK, BV], dtype=tl.float32)
 
+    # The per-row q scales and the chunk's decay are loaded one chunk ahead: too small for the
+    # pipeliner's copies, a load in the same chunk stood on the sequential path (ncu: a fifth of
+    # the stalls waited for q_scale).
+    q_scale_next, decay_next = _row_scales(QS_ptr, DECAY_ptr, start, end, i_hv, HV, BT)
     for chunk_start in range(start, end, BT):
+        q_scale, decay = q_scale_next, decay_next
+        q_scale_next, decay_next = _row_scales(QS_ptr, DECAY_ptr, chunk_start + BT, end, i_hv, HV, BT)
         row_mask = chunk_start + rows < end
         k_mask = row_mask[:, None] & (k_cols[None, :] < K)
         # One int64 base per tensor and chunk; int32 offsets inside it (kernels._tile).
@@ -143,7 +163,6 @@ def gdn_recurrence_kernel(
         k = tl.load(K_ptr + qk_chunk + _tile(rows, k_cols, H * K), mask=k_mask, other=0.0)
         u = tl.load(U_ptr + row_of * V + v_tile, mask=row_mask[:, None] & u_mask, other=0.0)
         k_scale = tl.load(KS_ptr + row_of + rows * HV, mask=row_mask, other=0.0)
-        decay = tl.load(DECAY_ptr + row_of)
 
         entering = state.to(w.dtype)
         v_new = u.to(tl.float32) - tl.dot(w, entering, input_precision=DOT_PRECISION)
@@ -151,7 +170,6 @@ def gdn_recurrence_kernel(
         if not SEGMENT_STATE:
             q = tl.load(Q_ptr + qk_chunk + _tile(rows, k_cols, H * K), mask=k_mask, other=0.0)
             scores = tl.load(P_ptr + row_of * BT + _tile(rows, rows, HV * BT), mask=row_mask[:, None], other=0.0)
-            q_scale = tl.load(QS_ptr + row_of + rows * HV, mask=row_mask, other=0.0)
             out = tl.dot(q, entering, input_precision=DOT_PRECISION) * q_scale[:, None]
             out += tl.dot(scores, v_new.to(w.dtype), input_precision=DOT_PRECISION)
             tl.store(O_ptr + row_of * V + v_tile, out.to(O_ptr.dtype.element_ty), mask=row_mask[:, None] & u_mask)
