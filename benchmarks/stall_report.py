@@ -1,0 +1,86 @@
+"""python -m benchmarks.stall_report SOURCE.csv [--top N]: where a kernel's warps wait, from ncu.
+
+Profile before tuning: Nsight Compute samples each warp's stall reason per instruction. Export
+its source page as CSV and this prints, per kernel, the share of every stall reason and the
+instructions with the most samples (with the reason that dominates each). Reading the SASS
+around the top instruction names the load or product the kernel waits on. For the gated delta
+rule at the bench's largest 32-head shape:
+
+    ncu --clock-control none -k regex:gdn_ --launch-skip 2 --launch-count 2 --set full \\
+        --import-source yes -o gdn python -m benchmarks.profile_target gdn 1 32768 32 32
+    ncu --import gdn.ncu-rep --page source --csv --print-source sass > gdn_source.csv
+    python -m benchmarks.stall_report gdn_source.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+_SAMPLES = "Warp Stall Sampling (All Samples)"
+
+
+@dataclass(frozen=True)
+class KernelStalls:
+    kernel: str
+    reasons: dict[str, float]  # stall reason -> share of all samples, largest first
+    hottest: list[tuple[int, str, str]]  # (samples, dominant reason, instruction), most samples first
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text.replace(",", "") or 0)
+    except ValueError:
+        return 0
+
+
+def parse(rows: Iterable[list[str]], top: int = 10) -> list[KernelStalls]:
+    """Per kernel of an ncu source-page CSV export: stall shares and the hottest instructions."""
+    sections: list[tuple[str, list[list[str]]]] = []
+    for row in rows:
+        if row and row[0] == "Kernel Name":
+            sections.append((row[1], []))
+        elif sections:
+            sections[-1][1].append(row)
+    found = []
+    for kernel, body in sections:
+        if not body or _SAMPLES not in body[0]:
+            raise ValueError(f"{kernel}: no '{_SAMPLES}' column; export with --page source --csv from a "
+                             "report taken with --set full (or the SourceCounters section)")
+        header, lines = body[0], [line for line in body[1:] if len(line) == len(body[0])]
+        column = {name: i for i, name in enumerate(header)}
+        reasons = [name for name in header if name.startswith("stall_") and "(Not Issued)" not in name]
+        totals: Counter[str] = Counter()
+        for line in lines:
+            for reason in reasons:
+                totals[reason] += _int(line[column[reason]])
+        samples = sum(totals.values()) or 1
+        ranked = sorted(lines, key=lambda line: -_int(line[column[_SAMPLES]]))[:top]
+        hottest = [(_int(line[column[_SAMPLES]]), max(reasons, key=lambda r: _int(line[column[r]])),
+                    line[column["Source"]].strip()) for line in ranked]
+        found.append(KernelStalls(kernel, {r: v / samples for r, v in totals.most_common() if v}, hottest))
+    return found
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.stall_report", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("source_csv", type=Path, help="ncu --page source --csv --print-source sass output")
+    parser.add_argument("--top", type=int, default=15, help="instructions to list per kernel")
+    args = parser.parse_args(argv)
+    with args.source_csv.open(newline="") as handle:
+        report = parse(csv.reader(handle), args.top)
+    for kernel in report:
+        print(f"== {kernel.kernel}")
+        for reason, share in list(kernel.reasons.items())[:10]:
+            print(f"  {reason:24} {100 * share:5.1f}%")
+        for samples, reason, source in kernel.hottest:
+            print(f"  {samples:8d}  {reason:16} {source[:100]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""benchmarks.stall_report reads Nsight Compute's source-page CSV export (columns as ncu 2025 writes them)."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import pytest
+from benchmarks.stall_report import parse
+
+_HEADER = ('"Address","Source","Warp Stall Sampling (All Samples)","stall_barrier","stall_long_sb","stall_wait",'
+           '"stall_long_sb (Not Issued)"')
+
+
+def _rows(text: str) -> list[list[str]]:
+    return list(csv.reader(io.StringIO(text)))
+
+
+def test_shares_and_hottest_instructions_per_kernel() -> None:
+    text = "\n".join([
+        '"Kernel Name","gdn_prepare_kernel",', _HEADER,
+        '"0x10","LDG.E R1, desc[UR6][R2.64]","5","0","5","0","5"',
+        '"0x20","FMUL R4, R4, R1","30","0","27","3","20"',
+        '"0x30","WARPGROUP.DEPBAR.LE gsb0, 0x0","15","15","0","0","0"',
+        '"Kernel Name","gdn_recurrence_kernel",', _HEADER,
+        '"0x40","HGMMA.64x32x16.F32.BF16 R24, gdesc[UR8], RZ","1,000","0","0","1,000","0"',
+    ])
+    prepare, recurrence = parse(_rows(text), top=2)
+    assert prepare.kernel == "gdn_prepare_kernel"
+    assert prepare.reasons == pytest.approx({"stall_long_sb": 32 / 50, "stall_barrier": 15 / 50, "stall_wait": 3 / 50})
+    assert prepare.hottest == [(30, "stall_long_sb", "FMUL R4, R4, R1"),
+                               (15, "stall_barrier", "WARPGROUP.DEPBAR.LE gsb0, 0x0")]
+    assert recurrence.reasons == {"stall_wait": 1.0}
+    assert recurrence.hottest[0][0] == 1000
+
+
+def test_an_export_without_stall_samples_says_how_to_take_one() -> None:
+    text = '"Kernel Name","k",\n"Address","Source","Instructions Executed"\n"0x10","NOP","4"'
+    with pytest.raises(ValueError, match="--set full"):
+        parse(_rows(text))
