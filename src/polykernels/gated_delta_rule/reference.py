@@ -47,6 +47,11 @@ def naive_recurrent_gated_delta_rule(
         q, k = _l2norm(q), _l2norm(k)
     q, k = q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
     g, beta = g.to(compute), beta.to(compute)
+    # Per-token views made once (unbind), shaped for batched products over the value heads: each
+    # token is then five tensor ops, which is what the GPU accuracy check at 10^5 tokens waits on.
+    rows_q = (q * scale).unsqueeze(-2)  # [B, T, HV, 1, K]
+    rows_k, cols_k = k.unsqueeze(-2), k.unsqueeze(-1)  # [B, T, HV, 1, K], [B, T, HV, K, 1]
+    rows_v, decay, gate = v.unsqueeze(-2), g.exp()[..., None, None], beta[..., None, None]
     out = torch.zeros(batch, tokens, value_heads, value_dim, dtype=compute, device=q.device)
     sequences = _sequences(batch, tokens, cu_seqlens)
     finals = []
@@ -54,12 +59,15 @@ def naive_recurrent_gated_delta_rule(
         state = torch.zeros(value_heads, key_dim, value_dim, dtype=compute, device=q.device)
         if initial_state is not None:
             state = initial_state[n].to(compute).clone()
-        for t in range(start, end):
-            state = state * g[b, t].exp()[:, None, None]
-            predicted = torch.einsum("hkv,hk->hv", state, k[b, t])
-            delta = beta[b, t][:, None] * (v[b, t] - predicted)
-            state = state + k[b, t][:, :, None] * delta[:, None, :]
-            out[b, t] = torch.einsum("hkv,hk->hv", state, q[b, t] * scale)
+        outs = []
+        steps = zip(*(t[b, start:end].unbind(0) for t in (decay, rows_k, cols_k, rows_v, gate, rows_q)), strict=True)
+        for decay_t, row_k, col_k, row_v, beta_t, row_q in steps:
+            state = state * decay_t
+            delta = beta_t * (row_v - torch.matmul(row_k, state))  # beta (v - S^T k), [HV, 1, V]
+            state = torch.baddbmm(state, col_k, delta)  # S + k delta^T
+            outs.append(torch.matmul(row_q, state))
+        if outs:
+            out[b, start:end] = torch.cat(outs, dim=1).transpose(0, 1)
         finals.append(state)
     final = torch.stack(finals).float() if output_final_state else None
     return out, final
