@@ -25,6 +25,11 @@ def _sequences(batch: int, tokens: int, cu_seqlens: torch.Tensor | None) -> list
     return [(0, bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
 
 
+def _fold_batch(t: torch.Tensor) -> torch.Tensor:
+    """[B, T, heads, ...] -> [1, T, B * heads, ...], batch-major within the new head axis."""
+    return t.transpose(0, 1).reshape(1, t.shape[1], t.shape[0] * t.shape[2], *t.shape[3:])
+
+
 def naive_recurrent_gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -37,8 +42,17 @@ def naive_recurrent_gated_delta_rule(
     cu_seqlens: torch.Tensor | None = None,
     use_qk_l2norm_in_kernel: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     batch, tokens, heads, key_dim = q.shape
+    if cu_seqlens is None and batch > 1:
+        # Sequences of one length run side by side as more heads: value head b * HV + i still
+        # reads key head b * H + i // (HV // H), and each head's arithmetic is unchanged.
+        o, final = naive_recurrent_gated_delta_rule(
+            *(_fold_batch(t) for t in (q, k, v, g, beta)), scale,
+            None if initial_state is None else initial_state.reshape(1, -1, *initial_state.shape[2:]),
+            output_final_state, None, use_qk_l2norm_in_kernel)
+        o = o.reshape(tokens, batch, *v.shape[2:]).transpose(0, 1).contiguous()
+        return o, None if final is None else final.reshape(batch, -1, *final.shape[2:])
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     value_heads, value_dim = v.shape[2], v.shape[3]
     group = value_heads // heads
     scale = key_dim**-0.5 if scale is None else scale
