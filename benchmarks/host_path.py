@@ -20,7 +20,7 @@ import functools
 import json
 import time
 from collections.abc import Callable, Iterator
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 
 import torch
 
@@ -31,16 +31,26 @@ class _NoLaunch:
 
 
 @contextlib.contextmanager
-def _gdn_launches_stubbed() -> Iterator[None]:
-    """The gated delta rule's kernel launches are no-ops inside the block."""
-    from polykernels.gated_delta_rule import launch
-
-    original, none = launch._launchers, _NoLaunch()
-    launch._launchers = lambda: SimpleNamespace(plan=none, prepare=none, recurrence=none, combine=none)
+def _launches_stubbed(family: ModuleType, *kernels: str) -> Iterator[None]:
+    """A family's kernel launches (its ``_launchers()`` namespace) are no-ops inside the block."""
+    original, none = family._launchers, _NoLaunch()
+    family._launchers = lambda: SimpleNamespace(**dict.fromkeys(kernels, none))
     try:
         yield
     finally:
-        launch._launchers = original
+        family._launchers = original
+
+
+def _gdn_launches_stubbed() -> contextlib.AbstractContextManager[None]:
+    from polykernels.gated_delta_rule import launch
+
+    return _launches_stubbed(launch, "plan", "prepare", "recurrence", "combine")
+
+
+def _norm_launches_stubbed() -> contextlib.AbstractContextManager[None]:
+    from polykernels.norm import ops
+
+    return _launches_stubbed(ops, "norm", "qk")
 
 
 def per_call_us(fn: Callable[[], object], calls: int = 3000, rounds: int = 7) -> float:
@@ -78,21 +88,20 @@ def gdn_rows() -> dict[str, float]:
 def norm_rows() -> dict[str, float]:
     from polykernels.norm import ops
 
-    none = _NoLaunch()
-    ops._launchers = lambda: SimpleNamespace(norm=none, qk=none)  # for good: a CPU process times only these
-    ops._eager_gpu = lambda x: True
+    ops._eager_gpu = lambda x: True  # for good: a CPU process times only the GPU paths' Python
     ops._gpu_path = lambda x, exact_epilogue: "triton"
     x = torch.randn(1, 64, 3072, dtype=torch.bfloat16)
     shift, scale = torch.randn(1, 6 * 3072, dtype=torch.bfloat16).chunk(6, dim=1)[:2]
     weight = torch.randn(3072, dtype=torch.bfloat16)
     heads = torch.randn(1, 64, 24, 128, dtype=torch.bfloat16)
     head_weight = torch.randn(128, dtype=torch.bfloat16)
-    return {
-        "layernorm_modulate B1 L64 D3072": per_call_us(lambda: ops.layernorm_modulate(x, shift, scale)),
-        "rmsnorm_scale_shift B1 L64 D3072": per_call_us(lambda: ops.rmsnorm_scale_shift(x, weight, shift, scale)),
-        "qk_rmsnorm B1 L64 24x128": per_call_us(lambda: ops.qk_rmsnorm(heads, heads, head_weight, head_weight)),
-        "head_rmsnorm B1 L64 24x128": per_call_us(lambda: ops.head_rmsnorm(heads, head_weight)),
-    }
+    with _norm_launches_stubbed():
+        return {
+            "layernorm_modulate B1 L64 D3072": per_call_us(lambda: ops.layernorm_modulate(x, shift, scale)),
+            "rmsnorm_scale_shift B1 L64 D3072": per_call_us(lambda: ops.rmsnorm_scale_shift(x, weight, shift, scale)),
+            "qk_rmsnorm B1 L64 24x128": per_call_us(lambda: ops.qk_rmsnorm(heads, heads, head_weight, head_weight)),
+            "head_rmsnorm B1 L64 24x128": per_call_us(lambda: ops.head_rmsnorm(heads, head_weight)),
+        }
 
 
 def _gdn_gpu_row(heads: int, value_heads: int, lengths: list[int] | None) -> dict[str, float]:
@@ -110,19 +119,6 @@ def _gdn_gpu_row(heads: int, value_heads: int, lengths: list[int] | None) -> dic
     with _gdn_launches_stubbed():
         row["launch function, launches stubbed"] = host_us(launch_only)
     return {key: round(value, 1) for key, value in row.items()}
-
-
-@contextlib.contextmanager
-def _norm_launches_stubbed() -> Iterator[None]:
-    """The norm ops' kernel launches are no-ops inside the block."""
-    from polykernels.norm import ops
-
-    original, none = ops._launchers, _NoLaunch()
-    ops._launchers = lambda: SimpleNamespace(norm=none, qk=none)
-    try:
-        yield
-    finally:
-        ops._launchers = original
 
 
 def _norm_gpu_rows() -> dict[str, dict[str, float]]:
