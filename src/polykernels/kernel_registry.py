@@ -93,6 +93,8 @@ def compile_here(name: str, target: str) -> dict[str, Any]:
     # allocates: without it the loads are not vectorized and registers and spills read far too high.
     aligned = {(fn.arg_names.index(arg),): [["tt.divisibility", 16]]
                for arg, kind in spec.signature.items() if kind.startswith("*")}
+    if getattr(fn, "is_gluon", lambda: False)():
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource  # layouts need num_warps
     source = ASTSource(fn, signature=spec.signature, constexprs=constexprs, attrs=aligned)
     options: dict[str, Any] | None = dict(spec.options)
     limit = platform.SHARED_MEMORY_PER_BLOCK.get(platform.for_triton_target(target).arch or "")

@@ -78,6 +78,12 @@ def plan_segments(
     return SegmentPlan(segments=segments, segment_chunks=-(-chunks // segments), block_v=block_v, reason=why)
 
 
+def hopper_pass(seen: platform.Platform, dtype: torch.dtype, key_dim: int) -> bool:
+    """The sequential passes run hopper_kernels' Gluon kernel: sm_90 (wgmma), 16-bit inputs, and
+    K a power of two from 64 to 128 (wgmma's 64-row products take the state's K rows whole)."""
+    return seen.arch == "sm_90" and dtype in (torch.bfloat16, torch.float16) and key_dim in (64, 128)
+
+
 @functools.cache
 def _launchers() -> SimpleNamespace:
     from polykernels._launch import Launcher
@@ -89,6 +95,16 @@ def _launchers() -> SimpleNamespace:
         recurrence=Launcher(recurrence_kernels.gdn_recurrence_kernel),
         combine=Launcher(kernels.gdn_combine_kernel),
     )
+
+
+@functools.cache
+def _hopper_launcher() -> object:
+    """The Gluon sequential pass, imported on first use on sm_90 only (other Triton builds need not
+    carry Gluon's NVIDIA modules)."""
+    from polykernels._launch import Launcher
+    from polykernels.gated_delta_rule import hopper_kernels
+
+    return Launcher(hopper_kernels.gdn_recurrence_hopper_kernel)
 
 
 @functools.cache
@@ -106,6 +122,10 @@ RECURRENCE_BLOCK_V: dict[int, tuple[int, int]] = {16: (64, 32), 32: (64, 32), 64
                                                   256: (32, 16)}
 RECURRENCE_LAUNCH: dict[int, tuple[int, int]] = {16: (4, 3), 32: (4, 3), 64: (4, 3), 128: (4, 3), 256: (8, 1)}
 PREPARE_LAUNCH: dict[int, tuple[int, int]] = {64: (64, 4), 128: (128, 4), 256: (64, 8)}
+# The sequential pass on sm_90 (hopper_kernels, 16-bit inputs, K of 64 or 128): cp.async stages per
+# V tile, what fits 227 KiB of shared memory beside the state's tiles (two stages at the narrow tile
+# measured 6-10% slower than three on the H200). An empty table turns the pass off.
+HOPPER_STAGES: dict[int, int] = {32: 3, 64: 2}
 # The prepare kernel's K and V tiles are at least this wide (narrower heads are masked): its
 # products (I + A)^-1 x (32 columns) of 16-bit inputs came out wrong, or faulted, on the H200
 # (Triton 3.6, sm_90 wgmma with the left operand in registers); 64 columns are right.
@@ -146,7 +166,8 @@ def launch_chunk_gated_delta_rule(
     recipe = _recipe(q.shape, v.shape, q.dtype, None if cu_seqlens is None else cu_seqlens.dtype, num_seqs,
                      initial_state is not None, output_final_state, use_qk_l2norm_in_kernel, num_segments, device,
                      platform.current(), RECURRENCE_BLOCK_V[block_k],
-                     RECURRENCE_LAUNCH[block_k], PREPARE_LAUNCH[max(block_k, PREPARE_MIN_BLOCK)])
+                     RECURRENCE_LAUNCH[block_k], PREPARE_LAUNCH[max(block_k, PREPARE_MIN_BLOCK)],
+                     tuple(HOPPER_STAGES.items()))
     run = _launchers()
     if cu_seqlens is not None:
         # Chunk and segment counts per sequence are computed on the GPU: no host round trip.
@@ -165,6 +186,7 @@ def launch_chunk_gated_delta_rule(
     run.prepare(recipe.prepare_grid, (q, k, v, g, beta, *held, cu, chunk_offsets, tokens, num_seqs,
                                       recipe.chunks_per_seq, scale), recipe.prepare_meta, spec_key=spec)
     chunk_tensors = (q, k, *held)
+    sequential = _hopper_launcher() if recipe.hopper else run.recurrence
     segments = (cu, seg_offsets, tokens, num_seqs, recipe.segments_per_seq, recipe.segment_tokens)
     h_init = initial
     if recipe.segment_chunks:
@@ -172,13 +194,13 @@ def launch_chunk_gated_delta_rule(
                               device=device)
         transitions = torch.empty(recipe.max_segments, value_heads, key_dim, key_dim, dtype=torch.float32,
                                   device=device)
-        run.recurrence(recipe.segment_state_grid, (*chunk_tensors, final, final, o, h_local, transitions, *segments),
-                       recipe.segment_state_meta, spec_key=(spec, True))
+        sequential(recipe.segment_state_grid, (*chunk_tensors, final, final, o, h_local, transitions, *segments),
+                   recipe.segment_state_meta, spec_key=(spec, True))
         h_init = torch.empty_like(h_local)
         run.combine(recipe.combine_grid, (initial, h_local, transitions, h_init, cu, seg_offsets, num_seqs,
                                           recipe.segments_per_seq), recipe.combine_meta, spec_key=spec)
-    run.recurrence(recipe.recurrence_grid, (*chunk_tensors, h_init, final, o, final, final, *segments),
-                   recipe.recurrence_meta, spec_key=(spec, False))
+    sequential(recipe.recurrence_grid, (*chunk_tensors, h_init, final, o, final, final, *segments),
+               recipe.recurrence_meta, spec_key=(spec, False))
     return o, final if output_final_state else None
 
 
@@ -202,6 +224,7 @@ class _Recipe:
     combine_meta: dict[str, object]
     recurrence_grid: tuple[int, ...]
     recurrence_meta: dict[str, object]
+    hopper: bool  # the sequential passes run hopper_kernels' Gluon kernel
 
 
 # Per class of call: deciding costs more host time than a launch. The key holds the launch-table
@@ -211,7 +234,7 @@ def _recipe(
     q_shape: torch.Size, v_shape: torch.Size, dtype: torch.dtype, cu_dtype: torch.dtype | None, num_seqs: int,
     has_initial: bool, output_final_state: bool, l2norm: bool, num_segments: int | None, device: torch.device,
     seen: platform.Platform, block_vs: tuple[int, int], launch: tuple[int, int],
-    prepare_launch: tuple[int, int],
+    prepare_launch: tuple[int, int], hopper_stages: tuple[tuple[int, int], ...],
 ) -> _Recipe:
     batch, tokens, heads, key_dim = q_shape
     value_heads, value_dim = v_shape[2], v_shape[3]
@@ -240,9 +263,13 @@ def _recipe(
     value_tiles = -(-value_dim // block_v)
     recurrence = {**shape, "BV": block_v, "NV": value_tiles, **where}
     recurrence_tail = {"num_warps": num_warps, "num_stages": num_stages}
+    stages = dict(hopper_stages).get(block_v)
+    hopper = stages is not None and hopper_pass(seen, dtype, key_dim)
+    if hopper:
+        recurrence_tail = {"STAGES": stages, "num_warps": 4}
     return _Recipe(
         spec=(q_shape, v_shape, dtype, cu_dtype, num_seqs, has_initial, output_final_state, l2norm, num_segments,
-              device, seen, block_vs, launch, prepare_launch),
+              device, seen, block_vs, launch, prepare_launch, hopper_stages),
         chunks_per_seq=chunks_per_seq, segment_chunks=segment_chunks,
         segments_per_seq=segments_per_seq, max_segments=max_segments, segment_tokens=segment_tokens,
         plan_meta={"BT": CHUNK, "BLOCK": 1024, "num_warps": 4, "num_stages": 1},
@@ -261,6 +288,7 @@ def _recipe(
         recurrence_grid=(value_tiles, max_segments, value_heads),
         recurrence_meta={**recurrence, "HAS_INITIAL": has_initial or bool(segment_chunks), "SEGMENT_STATE": False,
                          "STORE_FINAL": output_final_state, **recurrence_tail},
+        hopper=hopper,
     )
 
 

@@ -5,8 +5,17 @@ pass of context parallelism, are the specializations registered: they compile ev
 the segment and chunk arithmetic.
 """
 
+import torch
+
+from polykernels import platform
 from polykernels.gated_delta_rule.guards import dot_precision, inverse_precision
-from polykernels.gated_delta_rule.launch import PREPARE_LAUNCH, RECURRENCE_BLOCK_V, RECURRENCE_LAUNCH
+from polykernels.gated_delta_rule.launch import (
+    HOPPER_STAGES,
+    PREPARE_LAUNCH,
+    RECURRENCE_BLOCK_V,
+    RECURRENCE_LAUNCH,
+    hopper_pass,
+)
 from polykernels.kernel_registry import KernelSpec, register
 
 _MODULE = "polykernels.gated_delta_rule.kernels"
@@ -89,3 +98,20 @@ register(KernelSpec(
     platform_constexprs=_precision,
     options=_SMALL,
 ))
+
+
+def _on_hopper() -> bool:
+    return hopper_pass(platform.current(), torch.bfloat16, key_dim=128)
+
+
+# The Gluon sequential pass (sm_90 only: wgmma), both as the output pass and the segment-state pass.
+for _name, _segment_state in (("gdn_recurrence_hopper", False), ("gdn_segment_state_hopper", True)):
+    register(KernelSpec(
+        name=_name, module="polykernels.gated_delta_rule.hopper_kernels", function="gdn_recurrence_hopper_kernel",
+        signature={**_RECURRENCE_SIGNATURE, "STAGES": "constexpr"},
+        constexprs={**_SHAPE, "V": 128, "BV": _RECURRENCE_BV, "NV": 128 // _RECURRENCE_BV, "VARLEN": True,
+                    "LOG_N": 4, "HAS_INITIAL": True, "SEGMENT_STATE": _segment_state, "STORE_FINAL": True,
+                    "STAGES": HOPPER_STAGES[_RECURRENCE_BV]},
+        allowed=_on_hopper, platform_constexprs=_precision,
+        options={"num_warps": 4},
+    ))

@@ -308,6 +308,40 @@ def test_gpu_segments_match_naive(gpu_device: str, segments) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(("tokens", "key_dim", "value_dim", "lengths", "segments"), [
+    (3000, 128, 128, None, None), (2000, 64, 100, [700, 0, 1, 1299], 3), (1500, 128, 64, None, 2)],
+    ids=["K128", "K64-V100-packed-3seg", "K128-V64-2seg"])
+def test_gpu_hopper_pass_matches_the_portable_pass(gpu_device: str, monkeypatch: pytest.MonkeyPatch, tokens: int,
+                                                   key_dim: int, value_dim: int, lengths, segments) -> None:
+    # The Gluon sequential pass (sm_90) against the Triton one on the same prepared chunks.
+    from polykernels.gated_delta_rule import launch
+
+    if torch.cuda.get_device_capability(gpu_device) != (9, 0):
+        pytest.skip("the Gluon sequential pass runs on sm_90 only; the other GPU tests cover this GPU's pass")
+    inputs = make_inputs(1, tokens, 2, 4, key_dim, value_dim, torch.bfloat16, device=gpu_device)
+    cu = None if lengths is None else torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=gpu_device)
+    num_seqs = 1 if lengths is None else len(lengths)
+    h0 = torch.randn(num_seqs, 4, key_dim, value_dim, device=gpu_device)
+
+    def run():
+        return launch_chunk_gated_delta_rule(*inputs, key_dim**-0.5, h0, True, cu, False, segments)
+
+    runs, hopper = [], launch._hopper_launcher()
+
+    def counted(*args, **kwargs):
+        runs.append(args[0])
+        return hopper(*args, **kwargs)
+
+    monkeypatch.setattr(launch, "_hopper_launcher", lambda: counted)
+    got_o, got_s = run()
+    assert runs, "the Gluon pass did not run"
+    monkeypatch.setattr(launch, "HOPPER_STAGES", {})
+    want_o, want_s = run()
+    assert relative_rms_error(got_o, want_o.double()) < 1e-3
+    assert relative_rms_error(got_s, want_s.double()) < 1e-3
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("segments", [None, 2], ids=["whole", "2-segments"])
 def test_gpu_nan_never_reaches_earlier_tokens(gpu_device: str, segments) -> None:
     _nan_causality(lambda *a: launch_chunk_gated_delta_rule(*a, 0.2, None, True, None, False, segments), gpu_device,
@@ -349,10 +383,13 @@ def test_gpu_offsets_past_2_pow_31_elements(gpu_device: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["hip:gfx942", "hip:gfx950"])
 def test_kernels_compile_for_amd(target: str) -> None:
-    # MI300X / MI355X code objects from this CPU: no kernel of the op is CUDA-only.
+    # MI300X / MI355X code objects from this CPU: every kernel of the op but the Gluon sequential
+    # pass for sm_90 (wgmma), which the guard keeps off AMD targets.
     from polykernels.kernel_registry import kernels, probe
 
-    names = [name for name in kernels() if name.startswith("gdn_")]
+    family = [name for name in kernels() if name.startswith("gdn_")]
+    names = [name for name in family if kernels()[name].allowed_on(target)]
+    assert set(family) - set(names) == {"gdn_recurrence_hopper", "gdn_segment_state_hopper"}
     assert set(names) == {"gdn_plan", "gdn_prepare", "gdn_recurrence", "gdn_segment_state", "gdn_combine",
                           "gdn_recurrence_fp32"}
     for kernel in names:

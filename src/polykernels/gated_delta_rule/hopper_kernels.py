@@ -1,0 +1,235 @@
+"""The sequential pass of the gated delta rule for Hopper (sm_90), in Gluon.
+
+The same pass as ``recurrence_kernels.gdn_recurrence_kernel`` (same arguments, same results), for
+16-bit inputs with K = BK on sm_90. Triton waits for every tensor-core product as soon as it is
+issued (``wgmma`` then wait 0), so the portable kernel runs its four products per chunk one after
+the other. Here the products are issued asynchronously and awaited only where their results are
+needed: per chunk the two products on the state's path (v_new = u - w h, then h' = decay h +
+k^T (k_scale . v_new)) each have the product beside them (q h, then P v_new) running in their
+shadow. The chunk tiles come in through ``cp.async`` a few chunks ahead, as Triton's pipeliner
+would have issued them.
+
+Offsets: int64 up to each chunk's first element, int32 inside a chunk (as in kernels.py).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    async_copy,
+    fence_async_shared,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+
+@gluon.constexpr_function
+def _mma_layout(block_v):
+    # One warpgroup; M = 64 (a chunk) or BK (the state) rows in 16-row steps, N = the V tile.
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, block_v, 16])
+
+
+@gluon.constexpr_function
+def _copy_layout(cols):
+    # 16-byte cp.async per thread (8 16-bit elements), a warp spanning whole rows.
+    per_row = cols // 8
+    return gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // per_row, per_row],
+                            warps_per_cta=[4, 1], order=[1, 0])
+
+
+@gluon.constexpr_function
+def _smem_layout(rows, cols):
+    return gl.NVMMASharedLayout.get_default_for([rows, cols], gl.bfloat16)
+
+
+@gluon.jit
+def _find(OFFSETS, i, N, LOG_N: gl.constexpr):
+    """The largest n < N with OFFSETS[n] <= i, for non-decreasing OFFSETS (binary search)."""
+    lo = i * 0
+    hi = lo + N - 1
+    for _ in gl.static_range(LOG_N):
+        mid = (lo + hi + 1) // 2
+        ok = gl.load(OFFSETS + mid) <= i
+        lo = gl.where(ok, mid, lo)
+        hi = gl.where(ok, hi, mid - 1)
+    return lo
+
+
+@gluon.jit
+def _segment(i_s, CU, SEG_OFFSETS, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN: gl.constexpr, LOG_N: gl.constexpr):
+    """(sequence, index in it, its segment count, first token, end token, valid) of segment i_s."""
+    if VARLEN:
+        n = _find(SEG_OFFSETS, i_s, N, LOG_N)
+        first = gl.load(SEG_OFFSETS + n)
+        count = gl.load(SEG_OFFSETS + n + 1) - first
+        bos = gl.load(CU + n).to(gl.int64)
+        eos = gl.load(CU + n + 1).to(gl.int64)
+        valid = i_s < gl.load(SEG_OFFSETS + N)
+    else:
+        n = i_s // SEGS_PER_SEQ
+        first = n * SEGS_PER_SEQ
+        count = i_s * 0 + SEGS_PER_SEQ
+        bos = n * T
+        eos = bos + T
+        valid = n < N
+    j = i_s - first
+    start = bos + j * SEG_TOKENS
+    end = gl.minimum(start + SEG_TOKENS, eos)
+    end = gl.where(valid, end, start)
+    return n, j, count, start, end, valid
+
+
+@gluon.jit
+def _copy_tile(smem, base, chunk_start, end, col0, col_limit, ROW_STRIDE: gl.constexpr, ROWS: gl.constexpr,
+               COLS: gl.constexpr):
+    """cp.async of one chunk's ROWS x COLS tile (rows past ``end`` and columns past ``col_limit`` read 0)."""
+    layout: gl.constexpr = _copy_layout(COLS)
+    rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    cols = col0 + gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
+    mask = ((chunk_start + rows) < end)[:, None] & (cols < col_limit)[None, :]
+    async_copy.async_copy_global_to_shared(smem, base + rows[:, None] * ROW_STRIDE + cols[None, :], mask)
+
+
+@gluon.jit
+def _copy_chunk(chunk_start, end, stage, i_h, i_hv, col0, u_limit, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr,
+                w_s, k_s, q_s, p_s, u_s, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+                BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr, OUTPUTS: gl.constexpr):
+    """The chunk's tiles into pipeline stage ``stage``, as one cp.async group."""
+    row_of = chunk_start * HV + i_hv
+    qk_chunk = (chunk_start * H + i_h) * K
+    _copy_tile(w_s.index(stage), W_ptr + row_of * K, chunk_start, end, 0, K, HV * K, BT, BK)
+    _copy_tile(k_s.index(stage), K_ptr + qk_chunk, chunk_start, end, 0, K, H * K, BT, BK)
+    _copy_tile(u_s.index(stage), U_ptr + row_of * V, chunk_start, end, col0, u_limit, HV * V, BT, BV)
+    if OUTPUTS:
+        _copy_tile(q_s.index(stage), Q_ptr + qk_chunk, chunk_start, end, 0, K, H * K, BT, BK)
+        _copy_tile(p_s.index(stage), P_ptr + row_of * BT, chunk_start, end, 0, BT, HV * BT, BT, BT)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _row_scales(QS_ptr, KS_ptr, DECAY_ptr, chunk_start, end, i_hv, HV: gl.constexpr, BT: gl.constexpr,
+                layout: gl.constexpr):
+    """(q_scale, k_scale, decay) of the chunk at chunk_start; zeros past ``end``."""
+    rows = gl.arange(0, BT, layout=layout)
+    row_of = chunk_start * HV + i_hv
+    in_chunk = chunk_start + rows < end
+    q_scale = gl.load(QS_ptr + row_of + rows * HV, mask=in_chunk, other=0.0)
+    k_scale = gl.load(KS_ptr + row_of + rows * HV, mask=in_chunk, other=0.0)
+    return q_scale, k_scale, gl.load(DECAY_ptr + row_of, mask=chunk_start < end, other=0.0)
+
+
+@gluon.jit
+def _store_output(O_ptr, out, chunk_start, end, i_hv, col0, HV: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
+                  BV: gl.constexpr):
+    """The chunk's output tile, through a row-major layout: 16-byte stores (from the product's
+    layout each thread would store 4 bytes at a time; the recurrence was 11% slower so)."""
+    layout: gl.constexpr = _copy_layout(BV)
+    rows = gl.arange(0, BT, layout=gl.SliceLayout(1, layout))
+    cols = col0 + gl.arange(0, BV, layout=gl.SliceLayout(0, layout))
+    tile = (chunk_start * HV + i_hv) * V + rows[:, None] * (HV * V) + cols[None, :]
+    mask = (chunk_start + rows < end)[:, None] & (cols[None, :] < V)
+    gl.store(O_ptr + tile, gl.convert_layout(out.to(O_ptr.dtype.element_ty), layout), mask=mask)
+
+
+@gluon.jit
+def gdn_recurrence_hopper_kernel(
+    Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr, HINIT_ptr, HT_ptr, O_ptr, HLOC_ptr, M_ptr,
+    CU, SEG_OFFSETS, T, N, SEGS_PER_SEQ, SEG_TOKENS,
+    H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
+    BV: gl.constexpr, NV: gl.constexpr, VARLEN: gl.constexpr, LOG_N: gl.constexpr, HAS_INITIAL: gl.constexpr,
+    SEGMENT_STATE: gl.constexpr, STORE_FINAL: gl.constexpr, DOT_PRECISION: gl.constexpr,
+    STAGES: gl.constexpr,
+):
+    gl.static_assert(K == BK, "the Hopper pass takes whole K rows (K a power of two)")
+    mma: gl.constexpr = _mma_layout(BV)
+    rows_of: gl.constexpr = gl.SliceLayout(1, mma)
+    cols_of: gl.constexpr = gl.SliceLayout(0, mma)
+    dtype: gl.constexpr = W_ptr.dtype.element_ty
+    OUTPUTS: gl.constexpr = not SEGMENT_STATE
+
+    i_col = gl.program_id(0)
+    i_s = gl.program_id(1).to(gl.int64)
+    i_hv = gl.program_id(2).to(gl.int64)
+    i_h = i_hv // (HV // H)
+    n, j, count, start, end, valid = _segment(i_s, CU, SEG_OFFSETS, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN, LOG_N)
+    k_rows = gl.arange(0, BK, layout=rows_of)
+    if SEGMENT_STATE:
+        # Columns [V | K]: value tiles from a zero state, then the transition from the identity.
+        end = gl.where(j < count - 1, end, start)  # a sequence's last segment needs neither
+        is_transition = i_col >= NV
+        col0 = gl.where(is_transition, i_col - NV, i_col) * BV
+        cols = col0 + gl.arange(0, BV, layout=cols_of)
+        state = gl.where(is_transition & (k_rows[:, None] == cols[None, :]), 1.0, 0.0)
+        u_limit = gl.where(is_transition, 0, V)  # the transition columns have u = 0
+    else:
+        col0 = i_col * BV
+        cols = col0 + gl.arange(0, BV, layout=cols_of)
+        u_limit = V
+        tile = k_rows[:, None] * V + cols[None, :]
+        tile_mask = (k_rows[:, None] < K) & (cols[None, :] < V) & valid
+        if HAS_INITIAL:
+            state = gl.load(HINIT_ptr + (i_s * HV + i_hv) * K * V + tile, mask=tile_mask, other=0.0)
+        else:
+            state = gl.zeros([BK, BV], gl.float32, layout=mma)
+
+    chunk_layout: gl.constexpr = _smem_layout(BT, BK)
+    w_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], chunk_layout)
+    k_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], chunk_layout)
+    q_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], chunk_layout)
+    p_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BT], _smem_layout(BT, BT))
+    u_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BV], _smem_layout(BT, BV))
+    h_s = gl.allocate_shared_memory(dtype, [BK, BV], _smem_layout(BK, BV))
+    update_s = gl.allocate_shared_memory(dtype, [BT, BV], _smem_layout(BT, BV))
+    v_new_s = gl.allocate_shared_memory(dtype, [BT, BV], _smem_layout(BT, BV))
+
+    for ahead in gl.static_range(STAGES - 1):
+        _copy_chunk(start + ahead * BT, end, ahead, i_h, i_hv, col0, u_limit, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr,
+                    w_s, k_s, q_s, p_s, u_s, H, HV, K, V, BT, BK, BV, OUTPUTS)
+    # The per-row scales and the decay are loaded a chunk ahead (plain loads: too small for cp.async).
+    q_scale_next, k_scale_next, decay_next = _row_scales(QS_ptr, KS_ptr, DECAY_ptr, start, end, i_hv, HV, BT,
+                                                         rows_of)
+    zero = gl.zeros([BT, BV], gl.float32, layout=mma)
+    chunks = ((end - start + BT - 1) // BT).to(gl.int32)
+    for c in range(0, chunks):
+        chunk_start = start + c * BT
+        stage = c % STAGES
+        q_scale, k_scale, decay = q_scale_next, k_scale_next, decay_next
+        q_scale_next, k_scale_next, decay_next = _row_scales(QS_ptr, KS_ptr, DECAY_ptr, chunk_start + BT, end, i_hv,
+                                                             HV, BT, rows_of)
+        async_copy.wait_group(STAGES - 2)  # this chunk's tiles are in
+        gl.thread_barrier()  # every thread's copies, and the previous chunk's reads of the stage reused below
+        h_s.store(state.to(dtype))
+        fence_async_shared()
+        w_h = warpgroup_mma(w_s.index(stage), h_s, zero, use_acc=False, is_async=True)
+        if OUTPUTS:
+            q_h = warpgroup_mma(q_s.index(stage), h_s, zero, use_acc=False, is_async=True)
+        # While the products run: the chunk STAGES - 1 ahead into the stage the previous chunk used.
+        _copy_chunk(chunk_start + (STAGES - 1) * BT, end, (c + STAGES - 1) % STAGES, i_h, i_hv, col0, u_limit,
+                    Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, w_s, k_s, q_s, p_s, u_s, H, HV, K, V, BT, BK, BV, OUTPUTS)
+        u = u_s.index(stage).load(mma).to(gl.float32)
+        w_h = warpgroup_mma_wait(1 if OUTPUTS else 0, deps=(w_h,))  # q h may run on
+        v_new = u - w_h
+        update_s.store((v_new * k_scale[:, None]).to(dtype))
+        if OUTPUTS:
+            v_new_s.store(v_new.to(dtype))
+        fence_async_shared()
+        state = warpgroup_mma(k_s.index(stage).permute((1, 0)), update_s, state * decay, is_async=True)
+        if OUTPUTS:
+            q_h = warpgroup_mma_wait(1, deps=(q_h,))
+            out = warpgroup_mma(p_s.index(stage), v_new_s, q_h * q_scale[:, None], is_async=True)
+            state, out = warpgroup_mma_wait(0, deps=(state, out))
+            _store_output(O_ptr, out, chunk_start, end, i_hv, col0, HV, V, BT, BV)
+        else:
+            state = warpgroup_mma_wait(0, deps=(state,))
+    async_copy.wait_group(0)
+
+    if SEGMENT_STATE:
+        base = (i_s * HV + i_hv) * K
+        store_mask = (k_rows[:, None] < K) & valid
+        gl.store(HLOC_ptr + (base + k_rows[:, None]) * V + cols[None, :], state,
+                 mask=store_mask & (cols[None, :] < V) & ~is_transition)
+        gl.store(M_ptr + (base + k_rows[:, None]) * K + cols[None, :], state,
+                 mask=store_mask & (cols[None, :] < K) & is_transition)
+    elif STORE_FINAL:
+        gl.store(HT_ptr + (n * HV + i_hv) * K * V + tile, state, mask=tile_mask & (j == count - 1))
