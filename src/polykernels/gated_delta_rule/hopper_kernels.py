@@ -23,6 +23,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+# Scalar arithmetic only (no layouts), so the Triton helper serves Gluon kernels too.
+from polykernels.gated_delta_rule.kernels import _segment
+
 
 @gluon.constexpr_function
 def _mma_layout(block_v):
@@ -41,43 +44,6 @@ def _copy_layout(cols):
 @gluon.constexpr_function
 def _smem_layout(rows, cols):
     return gl.NVMMASharedLayout.get_default_for([rows, cols], gl.bfloat16)
-
-
-@gluon.jit
-def _find(OFFSETS, i, N, LOG_N: gl.constexpr):
-    """The largest n < N with OFFSETS[n] <= i, for non-decreasing OFFSETS (binary search)."""
-    lo = i * 0
-    hi = lo + N - 1
-    for _ in gl.static_range(LOG_N):
-        mid = (lo + hi + 1) // 2
-        ok = gl.load(OFFSETS + mid) <= i
-        lo = gl.where(ok, mid, lo)
-        hi = gl.where(ok, hi, mid - 1)
-    return lo
-
-
-@gluon.jit
-def _segment(i_s, CU, SEG_OFFSETS, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN: gl.constexpr, LOG_N: gl.constexpr):
-    """(sequence, index in it, its segment count, first token, end token, valid) of segment i_s."""
-    if VARLEN:
-        n = _find(SEG_OFFSETS, i_s, N, LOG_N)
-        first = gl.load(SEG_OFFSETS + n)
-        count = gl.load(SEG_OFFSETS + n + 1) - first
-        bos = gl.load(CU + n).to(gl.int64)
-        eos = gl.load(CU + n + 1).to(gl.int64)
-        valid = i_s < gl.load(SEG_OFFSETS + N)
-    else:
-        n = i_s // SEGS_PER_SEQ
-        first = n * SEGS_PER_SEQ
-        count = i_s * 0 + SEGS_PER_SEQ
-        bos = n * T
-        eos = bos + T
-        valid = n < N
-    j = i_s - first
-    start = bos + j * SEG_TOKENS
-    end = gl.minimum(start + SEG_TOKENS, eos)
-    end = gl.where(valid, end, start)
-    return n, j, count, start, end, valid
 
 
 @gluon.jit
