@@ -1,0 +1,95 @@
+"""python -m benchmarks.gdn_ab LABEL (--save DIR | --compare DIR) [--case TEXT]: A/B of two source trees.
+
+A kernel change is kept or dropped on an A/B run: the tree before it and the tree after it, each
+in its own process on the same GPU, at the bench's GDN shapes. The first run saves its outputs;
+every later run compares with them (largest |difference| of o and of the final state, and whether
+a second call gives the same bits) beside its own times: GPU ms under CUDA-graph replay, eager ms,
+and each kernel's time from torch.profiler. One JSON row per run::
+
+    git worktree add /tmp/base <commit before the change>
+    PYTHONPATH=/tmp/base/src:. python -m benchmarks.gdn_ab base --save /tmp/ab
+    PYTHONPATH=src:. python -m benchmarks.gdn_ab change --compare /tmp/ab
+
+Run the pair twice, alternating, before believing a difference of a few percent (BENCHMARKS.md
+holds the runs this decided).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+
+def largest_difference(got: torch.Tensor, saved: torch.Tensor) -> float:
+    """max |got - saved| (NaN where exactly one of them is NaN counts as infinite)."""
+    got, saved = got.detach().cpu().double(), saved.double()
+    same_nan = torch.isnan(got) & torch.isnan(saved)
+    diff = torch.where(same_nan, 0.0, (got - saved).abs().nan_to_num(nan=float("inf")))
+    return float(diff.max()) if diff.numel() else 0.0
+
+
+def kernel_us(call: object, repeats: int = 5) -> dict[str, float]:
+    """Mean GPU time per call of each kernel the call launches (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            call()
+        torch.cuda.synchronize()
+    return {event.key: round(event.device_time_total / repeats, 1) for event in prof.key_averages()
+            if event.key.startswith("gdn_")}
+
+
+def run(label: str, folder: Path, save: bool, cases: list[str] | None) -> dict:
+    from benchmarks.registry import GDN_SHAPES, gdn_inputs
+    from benchmarks.timing import graph_ms, median_ms
+    from polykernels.gated_delta_rule import chunk_gated_delta_rule
+
+    row: dict = {"label": label, "device": torch.cuda.get_device_name()}
+    started = time.perf_counter()
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, batch, tokens, heads, value_heads, lengths in GDN_SHAPES:
+        if cases and not any(text in name for text in cases):
+            continue
+        q, k, v, g, beta = gdn_inputs(batch, tokens, heads, value_heads, "cuda")
+        cu = None if lengths is None else torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()],
+                                                       dtype=torch.int32, device="cuda")
+
+        def call(q=q, k=k, v=v, g=g, beta=beta, cu=cu):
+            return chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu)
+
+        o, state = call()
+        torch.cuda.synchronize()
+        path = folder / (name.replace(" ", "_").replace("/", "-") + ".pt")
+        if save:
+            torch.save((o.cpu(), state.cpu()), path)
+        else:
+            saved_o, saved_state = torch.load(path)
+            again_o, again_state = call()
+            row[f"{name} max|do|"] = largest_difference(o, saved_o)
+            row[f"{name} max|dstate|"] = largest_difference(state, saved_state)
+            row[f"{name} repeat equal"] = bool(torch.equal(again_o, o) and torch.equal(again_state, state))
+        row[f"{name} GPU ms"] = round(graph_ms(call), 4)
+        row[f"{name} eager ms"] = round(median_ms(call), 4)
+        row.update({f"{name} {kernel} us": us for kernel, us in kernel_us(call).items()})
+    row["seconds"] = round(time.perf_counter() - started, 1)
+    return row
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gdn_ab")
+    parser.add_argument("label", help="names this tree in the output row")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--save", type=Path, metavar="DIR", help="keep this tree's outputs here (the base run)")
+    where.add_argument("--compare", type=Path, metavar="DIR", help="compare with the outputs saved here")
+    parser.add_argument("--case", action="append", help="only the shapes whose name contains this text")
+    args = parser.parse_args(argv)
+    print(json.dumps(run(args.label, args.save or args.compare, args.save is not None, args.case)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
