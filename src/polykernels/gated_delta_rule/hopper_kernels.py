@@ -1,7 +1,7 @@
 """The sequential pass of the gated delta rule for Hopper (sm_90), in Gluon.
 
 The same pass as ``recurrence_kernels.gdn_recurrence_kernel`` (same arguments, same results), for
-16-bit inputs with K = BK on sm_90. Triton waits for every tensor-core product as soon as it is
+bf16 inputs with K = BK on sm_90. Triton waits for every tensor-core product as soon as it is
 issued (``wgmma`` then wait 0), so the portable kernel runs its four products per chunk one after
 the other. Here the products are issued asynchronously and awaited only where their results are
 needed: per chunk the two products on the state's path (v_new = u - w h, then h' = decay h +
