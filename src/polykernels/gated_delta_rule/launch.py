@@ -78,11 +78,28 @@ def plan_segments(
     return SegmentPlan(segments=segments, segment_chunks=-(-chunks // segments), block_v=block_v, reason=why)
 
 
+# Gluon is Triton's experimental layer: its API changes between releases. The Gluon kernels run
+# with the Triton releases they were built and measured with; any other keeps the Triton kernels.
+GLUON_TRITON_RELEASES = ("3.6",)
+
+
 def hopper_pass(seen: platform.Platform, dtype: torch.dtype, key_dim: int) -> bool:
     """The sequential passes run hopper_kernels' Gluon kernel: sm_90 (wgmma), bf16 inputs (what it
-    was measured and tested with on the H200; fp16 keeps the Triton pass until it is), and K of 64
-    or 128 (wgmma's 64-row products take the state's K rows whole)."""
-    return seen.arch == "sm_90" and dtype == torch.bfloat16 and key_dim in (64, 128)
+    was measured and tested with on the H200; fp16 keeps the Triton pass until it is), K of 64 or
+    128 (wgmma's 64-row products take the state's K rows whole), and a Triton release of
+    GLUON_TRITON_RELEASES."""
+    return (seen.arch == "sm_90" and dtype == torch.bfloat16 and key_dim in (64, 128)
+            and _triton_release() in GLUON_TRITON_RELEASES)
+
+
+@functools.cache
+def _triton_release() -> str:
+    """major.minor of the installed Triton ("" without one)."""
+    try:
+        import triton
+    except ImportError:
+        return ""
+    return ".".join(triton.__version__.split(".")[:2])
 
 
 @functools.cache

@@ -180,6 +180,24 @@ def test_segment_plan_cuts_into_one_wave(sm_count: int) -> None:
         assert plan.segments > 1 or 2 * programs > sm_count, (num_seqs, value_heads, plan)
 
 
+@pytest.mark.parametrize(("arch", "dtype", "key_dim", "release", "expected"), [
+    ("sm_90", torch.bfloat16, 128, "3.6", True), ("sm_90", torch.bfloat16, 64, "3.6", True),
+    ("sm_90", torch.float16, 128, "3.6", False), ("sm_90", torch.float32, 128, "3.6", False),
+    ("sm_90", torch.bfloat16, 100, "3.6", False), ("sm_90", torch.bfloat16, 32, "3.6", False),
+    ("sm_100", torch.bfloat16, 128, "3.6", False), ("sm_80", torch.bfloat16, 128, "3.6", False),
+    ("sm_90", torch.bfloat16, 128, "3.7", False), ("sm_90", torch.bfloat16, 128, "", False)])
+def test_gluon_pass_only_where_it_was_built_and_measured(monkeypatch: pytest.MonkeyPatch, arch: str,
+                                                         dtype: torch.dtype, key_dim: int, release: str,
+                                                         expected: bool) -> None:
+    # wgmma is sm_90's; Gluon's API moves between Triton releases: elsewhere the Triton pass runs.
+    from polykernels.gated_delta_rule import launch
+    from polykernels.platform import Platform
+
+    monkeypatch.setattr(launch, "_triton_release", lambda: release)
+    seen = Platform(backend="cuda", arch=arch, device_name=None, warp_size=32, runtime_version=None)
+    assert launch.hopper_pass(seen, dtype, key_dim) is expected
+
+
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_torch_chunked_matches_naive(case: str, dtype: torch.dtype) -> None:
