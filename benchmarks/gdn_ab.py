@@ -6,9 +6,9 @@ every later run compares with them (largest |difference| of o and of the final s
 a second call gives the same bits) beside its own times: GPU ms under CUDA-graph replay, eager ms,
 and each kernel's time from torch.profiler. One JSON row per run::
 
-    git worktree add /tmp/base <commit before the change>
-    PYTHONPATH=/tmp/base/src:. python -m benchmarks.gdn_ab base --save /tmp/ab
-    PYTHONPATH=src:. python -m benchmarks.gdn_ab change --compare /tmp/ab
+    git worktree add ../base <commit before the change>
+    PYTHONPATH=../base/src:. python -m benchmarks.gdn_ab base --save build/ab
+    PYTHONPATH=src:. python -m benchmarks.gdn_ab change --compare build/ab
 
 Run the pair twice, alternating, before believing a difference of a few percent (BENCHMARKS.md
 holds the runs this decided).
