@@ -84,11 +84,10 @@ GLUON_TRITON_RELEASES = ("3.6",)
 
 
 def hopper_pass(seen: platform.Platform, dtype: torch.dtype, key_dim: int) -> bool:
-    """The sequential passes run hopper_kernels' Gluon kernel: sm_90 (wgmma), bf16 inputs (what it
-    was measured and tested with on the H200; fp16 keeps the Triton pass until it is), K of 64 or
-    128 (wgmma's 64-row products take the state's K rows whole), and a Triton release of
-    GLUON_TRITON_RELEASES."""
-    return (seen.arch == "sm_90" and dtype == torch.bfloat16 and key_dim in (64, 128)
+    """The sequential passes run hopper_kernels' Gluon kernel: sm_90 (wgmma), 16-bit inputs (fp32
+    keeps the Triton pass's IEEE products), K of 64 or 128 (wgmma's 64-row products take the
+    state's K rows whole), and a Triton release of GLUON_TRITON_RELEASES."""
+    return (seen.arch == "sm_90" and dtype in (torch.bfloat16, torch.float16) and key_dim in (64, 128)
             and _triton_release() in GLUON_TRITON_RELEASES)
 
 
@@ -140,7 +139,7 @@ RECURRENCE_BLOCK_V: dict[int, tuple[int, int]] = {16: (64, 32), 32: (64, 32), 64
                                                   256: (32, 16)}
 RECURRENCE_LAUNCH: dict[int, tuple[int, int]] = {16: (4, 3), 32: (4, 3), 64: (4, 3), 128: (4, 3), 256: (8, 1)}
 PREPARE_LAUNCH: dict[int, tuple[int, int]] = {64: (64, 4), 128: (128, 4), 256: (64, 8)}
-# The sequential pass on sm_90 (hopper_kernels, bf16 inputs, K of 64 or 128): cp.async stages per
+# The sequential pass on sm_90 (hopper_kernels, 16-bit inputs, K of 64 or 128): cp.async stages per
 # V tile, what fits 227 KiB of shared memory beside the state's tiles (two stages at the narrow tile
 # measured 6-10% slower than three on the H200). An empty table turns the pass off.
 HOPPER_STAGES: dict[int, int] = {32: 3, 64: 2}
@@ -196,6 +195,10 @@ def launch_chunk_gated_delta_rule(
     else:
         cu = chunk_offsets = seg_offsets = _unused_offsets(device)
     initial = initial_state.float().contiguous() if initial_state is not None else final
+    if recipe.hopper and (q.data_ptr() | k.data_ptr()) & 15:
+        # The Gluon pass copies q and k in 16-byte pieces: a view that starts off a 16-byte
+        # boundary is copied first (fresh and contiguous tensors are aligned).
+        q, k = q.clone(), k.clone()
     held = _intermediates(batch * tokens, value_heads, key_dim, value_dim, q.dtype, device)
     # The launchers' spec_key: the recipe's (every integer argument and constexpr, the dtypes), then
     # each caller tensor's 16-byte alignment (the rest are fresh allocations).

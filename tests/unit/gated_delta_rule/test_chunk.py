@@ -182,7 +182,7 @@ def test_segment_plan_cuts_into_one_wave(sm_count: int) -> None:
 
 @pytest.mark.parametrize(("arch", "dtype", "key_dim", "release", "expected"), [
     ("sm_90", torch.bfloat16, 128, "3.6", True), ("sm_90", torch.bfloat16, 64, "3.6", True),
-    ("sm_90", torch.float16, 128, "3.6", False), ("sm_90", torch.float32, 128, "3.6", False),
+    ("sm_90", torch.float16, 128, "3.6", True), ("sm_90", torch.float32, 128, "3.6", False),
     ("sm_90", torch.bfloat16, 100, "3.6", False), ("sm_90", torch.bfloat16, 32, "3.6", False),
     ("sm_100", torch.bfloat16, 128, "3.6", False), ("sm_80", torch.bfloat16, 128, "3.6", False),
     ("sm_90", torch.bfloat16, 128, "3.7", False), ("sm_90", torch.bfloat16, 128, "", False)])
@@ -325,18 +325,37 @@ def test_gpu_segments_match_naive(gpu_device: str, segments) -> None:
     check_against_naive(run, inputs, torch.bfloat16, initial=True)
 
 
+def _starting_mid_row(tensor: torch.Tensor) -> torch.Tensor:
+    """The same values in a contiguous view whose data starts 2 bytes past a 16-byte boundary."""
+    storage = torch.empty(tensor.numel() + 1, dtype=tensor.dtype, device=tensor.device)
+    view = storage[1:].view(tensor.shape)
+    view.copy_(tensor)
+    assert view.data_ptr() % 16 != 0
+    return view
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize(("tokens", "key_dim", "value_dim", "lengths", "segments"), [
-    (3000, 128, 128, None, None), (2000, 64, 100, [700, 0, 1, 1299], 3), (1500, 128, 64, None, 2)],
-    ids=["K128", "K64-V100-packed-3seg", "K128-V64-2seg"])
+@pytest.mark.parametrize(("tokens", "key_dim", "value_dim", "lengths", "segments", "dtype", "mid_row"), [
+    (3000, 128, 128, None, None, torch.bfloat16, False),
+    (2000, 64, 100, [700, 0, 1, 1299], 3, torch.bfloat16, False),
+    (2000, 128, 128, [700, 0, 1, 1299], 3, torch.bfloat16, False),
+    (1500, 128, 64, None, 2, torch.bfloat16, False),
+    (3000, 128, 128, None, None, torch.float16, False),
+    (1000, 128, 128, None, None, torch.bfloat16, True)],
+    ids=["K128", "K64-V100-packed-3seg", "K128-packed-3seg", "K128-V64-2seg", "K128-fp16", "K128-qk-mid-row"])
 def test_gpu_hopper_pass_matches_the_portable_pass(gpu_device: str, monkeypatch: pytest.MonkeyPatch, tokens: int,
-                                                   key_dim: int, value_dim: int, lengths, segments) -> None:
-    # The Gluon sequential pass (sm_90) against the Triton one on the same prepared chunks.
+                                                   key_dim: int, value_dim: int, lengths, segments,
+                                                   dtype: torch.dtype, mid_row: bool) -> None:
+    # The Gluon sequential pass (sm_90) against the Triton one on the same prepared chunks: TMA
+    # tiles (zero rows past each sequence's end), cp.async tiles where V is not a multiple of 8,
+    # and q, k views that TMA cannot read in place.
     from polykernels.gated_delta_rule import launch
 
     if torch.cuda.get_device_capability(gpu_device) != (9, 0):
         pytest.skip("the Gluon sequential pass runs on sm_90 only; the other GPU tests cover this GPU's pass")
-    inputs = make_inputs(1, tokens, 2, 4, key_dim, value_dim, torch.bfloat16, device=gpu_device)
+    inputs = make_inputs(1, tokens, 2, 4, key_dim, value_dim, dtype, device=gpu_device)
+    if mid_row:
+        inputs = (_starting_mid_row(inputs[0]), _starting_mid_row(inputs[1]), *inputs[2:])
     cu = None if lengths is None else torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=gpu_device)
     num_seqs = 1 if lengths is None else len(lengths)
     h0 = torch.randn(num_seqs, 4, key_dim, value_dim, device=gpu_device)
