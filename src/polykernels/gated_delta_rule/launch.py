@@ -276,6 +276,7 @@ def _recipe(
         segments_per_seq = -(-chunks_per_seq // segment_chunks)
         max_segments, segment_tokens = num_seqs * segments_per_seq, segment_chunks * CHUNK
     prep_bv, prep_warps = prepare_launch
+    prep_dot, prep_inverse = guards.prepare_precision(fp32_inputs=dtype == torch.float32)
     prep_bv = max(min(prep_bv, _block(value_dim)), PREPARE_MIN_BLOCK)
     # Stages the device cannot hold (fp32 tiles; 64 KiB on gfx942) fall back in the launcher.
     num_warps, num_stages = launch
@@ -296,8 +297,7 @@ def _recipe(
         plan_meta={"BT": CHUNK, "BLOCK": 1024, "num_warps": 4, "num_stages": 1},
         prepare_grid=(max_chunks, value_heads),
         prepare_meta={**shape, "BK": max(block_k, PREPARE_MIN_BLOCK), "BV": prep_bv, "NV": -(-value_dim // prep_bv),
-                      "L2NORM": l2norm, **where,
-                      "INVERSE_PRECISION": guards.inverse_precision(fp32_inputs=dtype == torch.float32),
+                      "L2NORM": l2norm, **where, "DOT_PRECISION": prep_dot, "INVERSE_PRECISION": prep_inverse,
                       "num_warps": prep_warps, "num_stages": 1},
         segment_state_grid=(value_tiles + -(-key_dim // block_v), max_segments, value_heads),
         segment_state_meta={**recurrence, "HAS_INITIAL": False, "SEGMENT_STATE": True, "STORE_FINAL": False,

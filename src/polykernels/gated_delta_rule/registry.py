@@ -5,10 +5,12 @@ pass of context parallelism, are the specializations registered: they compile ev
 the segment and chunk arithmetic.
 """
 
+import functools
+
 import torch
 
 from polykernels import platform
-from polykernels.gated_delta_rule.guards import dot_precision, inverse_precision
+from polykernels.gated_delta_rule.guards import dot_precision, prepare_precision
 from polykernels.gated_delta_rule.launch import (
     HOPPER_STAGES,
     PREPARE_LAUNCH,
@@ -44,19 +46,30 @@ register(KernelSpec(
     constexprs={"BT": 64, "BLOCK": 1024},
     options=_SMALL,
 ))
-register(KernelSpec(
-    name="gdn_prepare", module=_PASSES, function="gdn_prepare_kernel",
-    signature={"Q_ptr": "*bf16", "K_ptr": "*bf16", "V_ptr": "*bf16", "G_ptr": "*fp32", "BETA_ptr": "*bf16",
-               "W_ptr": "*bf16", "U_ptr": "*bf16", "P_ptr": "*bf16", "QS_ptr": "*fp32", "KS_ptr": "*fp32",
-               "DECAY_ptr": "*fp32", "CU": "*i32", "CHUNK_OFFSETS": "*i64", "T": "i32", "N": "i32",
-               "CHUNKS_PER_SEQ": "i32", "scale": "fp32",
-               **_constexpr("H", "HV", "K", "V", "BT", "BK", "BV", "NV", "L2NORM", "VARLEN", "LOG_N",
-                            "DOT_PRECISION", "INVERSE_PRECISION")},
-    constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV,
-                "INVERSE_PRECISION": inverse_precision(fp32_inputs=False)},
-    platform_constexprs=_precision,
-    options={"num_warps": _PREPARE_WARPS, "num_stages": 1},
-))
+def _fp32(signature: dict[str, str]) -> dict[str, str]:
+    return {name: "*fp32" if kind == "*bf16" else kind for name, kind in signature.items()}
+
+
+def _prepare_precision(fp32_inputs: bool) -> dict[str, str]:
+    return dict(zip(("DOT_PRECISION", "INVERSE_PRECISION"), prepare_precision(fp32_inputs), strict=True))
+
+
+_PREPARE_SIGNATURE = {
+    "Q_ptr": "*bf16", "K_ptr": "*bf16", "V_ptr": "*bf16", "G_ptr": "*fp32", "BETA_ptr": "*bf16", "W_ptr": "*bf16",
+    "U_ptr": "*bf16", "P_ptr": "*bf16", "QS_ptr": "*fp32", "KS_ptr": "*fp32", "DECAY_ptr": "*fp32", "CU": "*i32",
+    "CHUNK_OFFSETS": "*i64", "T": "i32", "N": "i32", "CHUNKS_PER_SEQ": "i32", "scale": "fp32",
+    **_constexpr("H", "HV", "K", "V", "BT", "BK", "BV", "NV", "L2NORM", "VARLEN", "LOG_N", "DOT_PRECISION",
+                 "INVERSE_PRECISION"),
+}
+# fp32 inputs too: their products' precision is per target (guards.prepare_precision).
+for _name, _fp32_inputs in (("gdn_prepare", False), ("gdn_prepare_fp32", True)):
+    register(KernelSpec(
+        name=_name, module=_PASSES, function="gdn_prepare_kernel",
+        signature=_fp32(_PREPARE_SIGNATURE) if _fp32_inputs else _PREPARE_SIGNATURE,
+        constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV},
+        platform_constexprs=functools.partial(_prepare_precision, _fp32_inputs),
+        options={"num_warps": _PREPARE_WARPS, "num_stages": 1},
+    ))
 _RECURRENCE_SIGNATURE = {
     "Q_ptr": "*bf16", "K_ptr": "*bf16", "W_ptr": "*bf16", "U_ptr": "*bf16", "P_ptr": "*bf16", "QS_ptr": "*fp32",
     "KS_ptr": "*fp32", "DECAY_ptr": "*fp32", "HINIT_ptr": "*fp32", "HT_ptr": "*fp32", "O_ptr": "*bf16",
@@ -66,8 +79,6 @@ _RECURRENCE_SIGNATURE = {
                  "STORE_FINAL", "DOT_PRECISION"),
 }
 
-def _fp32(signature: dict[str, str]) -> dict[str, str]:
-    return {name: "*fp32" if kind == "*bf16" else kind for name, kind in signature.items()}
 
 
 def _precision_fp32() -> dict[str, str]:
