@@ -54,30 +54,31 @@ def inverse_precision(fp32_inputs: bool) -> str:
     return "bf16"
 
 
-# Shared memory per program that the prepare pass's three-pass TF32 products need (their split
-# operands; compiled for sm_80 and sm_90).
+# Shared memory per program that the prepare pass's three-pass TF32 products with K columns need
+# (their split operands; sm_80 and sm_90 compile them at 128 KiB).
 TF32X3_PREPARE_SHARED_BYTES = 131072
 
 
 def prepare_precision(fp32_inputs: bool) -> tuple[str, str]:
     """(DOT_PRECISION, INVERSE_PRECISION) of the prepare pass.
 
-    16-bit inputs: ``dot_precision`` and ``inverse_precision``. fp32 inputs: three TF32 passes
-    ("tf32x3": each operand split into its TF32 value and TF32 remainder, the remainders' product
-    dropped: about 2^-21 relative per product, far inside the spec's 1e-4) on NVIDIA GPUs whose
-    shared memory holds their operands (sm_80, sm_90, sm_100). IEEE products there are an
-    unrolled FMA dot: the prepare pass took 207 s to compile for sm_90 on the build host (a 4.5 MB
-    cubin, 28 KB of local memory per thread), which a user's first fp32 call waited through;
-    tf32x3 compiled in 10 s (255 registers, 728 bytes of spill). Elsewhere (99 KiB consumer
-    parts, AMD, the CPU interpreter) the products stay IEEE.
+    16-bit inputs: ``dot_precision`` and ``inverse_precision``. fp32 inputs on NVIDIA: three TF32
+    passes ("tf32x3": each operand split into its TF32 value and TF32 remainder, the remainders'
+    product dropped: about 2^-21 relative per product, far inside the spec's 1e-4), for every
+    product where shared memory holds their operands (sm_80, sm_90, sm_100), for the (I + A)^-1
+    products alone where it does not (99 KiB parts: sm_86, sm_89, sm_120). IEEE products there are
+    unrolled FMA dots that ptxas takes minutes over, and a user's first fp32 call waited through
+    that (build host, the prepare pass: sm_90 207 s and 28 KB of local memory per thread against
+    16 s with tf32x3; sm_120 202 s against 75 s). AMD and the CPU interpreter keep IEEE products.
     """
     if not fp32_inputs:
         return dot_precision(fp32_inputs=False), inverse_precision(fp32_inputs=False)
     seen = platform.current()
-    shared = platform.SHARED_MEMORY_PER_BLOCK.get(seen.arch or "", 0)
-    if seen.backend == "cuda" and shared >= TF32X3_PREPARE_SHARED_BYTES and os.environ.get("TRITON_INTERPRET") != "1":
+    if seen.backend != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return "ieee", "ieee"
+    if platform.SHARED_MEMORY_PER_BLOCK.get(seen.arch or "", 0) >= TF32X3_PREPARE_SHARED_BYTES:
         return "tf32x3", "tf32x3"
-    return "ieee", "ieee"
+    return "ieee", "tf32x3"
 
 
 def describe() -> dict[str, Choice]:

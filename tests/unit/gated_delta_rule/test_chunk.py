@@ -466,20 +466,22 @@ def test_inverse_products_round_to_bf16_for_16_bit_inputs_only(monkeypatch: pyte
 
 
 @pytest.mark.parametrize(("backend", "arch", "expected"), [
-    ("cuda", "sm_80", "tf32x3"), ("cuda", "sm_90", "tf32x3"), ("cuda", "sm_100", "tf32x3"),
-    ("cuda", "sm_120", "ieee"), ("cuda", "sm_89", "ieee"), ("rocm", "gfx942", "ieee"), ("rocm", "gfx950", "ieee"),
-    ("cpu", None, "ieee")])
+    ("cuda", "sm_80", ("tf32x3", "tf32x3")), ("cuda", "sm_90", ("tf32x3", "tf32x3")),
+    ("cuda", "sm_100", ("tf32x3", "tf32x3")), ("cuda", "sm_120", ("ieee", "tf32x3")),
+    ("cuda", "sm_89", ("ieee", "tf32x3")), ("rocm", "gfx942", ("ieee", "ieee")), ("rocm", "gfx950", ("ieee", "ieee")),
+    ("cpu", None, ("ieee", "ieee"))])
 def test_prepare_products_of_fp32_inputs_in_three_tf32_passes_where_they_fit(
-        monkeypatch: pytest.MonkeyPatch, backend: str, arch: str | None, expected: str) -> None:
-    # IEEE products in the prepare pass compile for minutes on NVIDIA (an unrolled FMA dot); three
-    # TF32 passes need 128 KiB of shared memory per program, which 99 KiB parts lack.
+        monkeypatch: pytest.MonkeyPatch, backend: str, arch: str | None, expected: tuple[str, str]) -> None:
+    # IEEE products in the prepare pass compile for minutes on NVIDIA (unrolled FMA dots); three
+    # TF32 passes with K columns need 128 KiB of shared memory per program, which 99 KiB parts
+    # lack (there the inverse's 64-column products alone take them).
     from polykernels import platform
     from polykernels.gated_delta_rule.guards import dot_precision, inverse_precision, prepare_precision
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     seen = platform.Platform(backend=backend, arch=arch, device_name=None, warp_size=32, runtime_version=None)
     with platform.use(seen):
-        assert prepare_precision(fp32_inputs=True) == (expected, expected)
+        assert prepare_precision(fp32_inputs=True) == expected
         assert prepare_precision(fp32_inputs=False) == (dot_precision(fp32_inputs=False),
                                                         inverse_precision(fp32_inputs=False))
     monkeypatch.setenv("TRITON_INTERPRET", "1")
