@@ -25,7 +25,8 @@ def choose(device_type: str) -> Choice:
 
 def dot_precision(fp32_inputs: bool) -> str:
     """Triton input_precision for the kernels' fp32-operand dots (the combine pass's transitions;
-    every product of fp32 inputs but the inverse's, which ``inverse_precision`` sets).
+    every product of fp32 inputs in the sequential passes; the prepare pass's come from
+    ``prepare_precision``).
 
     fp32 inputs keep IEEE products (the spec's 1e-4 bound); 16-bit inputs use TF32 where the
     platform has it and three bf16 passes (about as accurate) where it does not (gfx950).
@@ -38,7 +39,8 @@ def dot_precision(fp32_inputs: bool) -> str:
 
 
 def inverse_precision(fp32_inputs: bool) -> str:
-    """Operand precision of the (I + A)^-1 products in the prepare pass (kernels._product).
+    """Operand precision of the (I + A)^-1 products in the prepare pass (kernels._product) when
+    ``prepare_precision`` does not set it (it does for fp32 inputs on NVIDIA GPUs).
 
     fp32 inputs keep IEEE products. For 16-bit inputs the products round their operands to bf16
     (fp32 accumulation): on the H200 that made the prepare pass 1.19x faster than TF32 and moved
