@@ -428,7 +428,7 @@ def test_kernels_compile_for_amd(target: str) -> None:
     names = [name for name in family if kernels()[name].allowed_on(target)]
     assert set(family) - set(names) == {"gdn_recurrence_hopper", "gdn_segment_state_hopper"}
     assert set(names) == {"gdn_plan", "gdn_prepare", "gdn_recurrence", "gdn_segment_state", "gdn_combine",
-                          "gdn_recurrence_fp32"}
+                          "gdn_recurrence_fp32", "gdn_prepare_fp32"}
     for kernel in names:
         result = probe(kernel, target)
         assert result.compiled and result.consistent, result.detail
