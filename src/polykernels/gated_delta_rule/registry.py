@@ -80,7 +80,6 @@ _RECURRENCE_SIGNATURE = {
 }
 
 
-
 def _precision_fp32() -> dict[str, str]:
     return {"DOT_PRECISION": dot_precision(fp32_inputs=True)}
 
