@@ -20,7 +20,7 @@ def choose(device_type: str) -> Choice:
                             "state on chip; sequences are cut into segments when N x HV x V tiles fill at most half "
                             "the SMs (launch.plan_segments; num_segments= overrides); on sm_90 the sequential pass "
                             "of bf16/fp16 inputs with K = 64 or 128 is a Gluon kernel with asynchronous wgmma "
-                            "(hopper_kernels)")
+                            "under Triton 3.6 (launch.hopper_pass, hopper_kernels)")
 
 
 def dot_precision(fp32_inputs: bool) -> str:
