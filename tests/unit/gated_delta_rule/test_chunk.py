@@ -117,12 +117,13 @@ def test_triton_varlen_sequences_split_independently() -> None:
     check_against_naive(run, inputs, dtype, initial=True, cu_seqlens=cu, num_seqs=len(lengths))
 
 
-def _nan_causality(run, device: str, positions) -> None:
-    """A non-finite input at token t: outputs before t stay finite, and t (k/v/g/beta: onwards) is NaN."""
+def _nan_causality(run, device: str, positions, dtype: torch.dtype = torch.float32) -> None:
+    """A non-finite input at token t: outputs before t stay finite, and t (k/v/g/beta: onwards) is NaN.
+    16-bit inputs have their own checks in the kernels (k's norms from k k^T, v's row sums from a product)."""
     for name in ("q", "k", "v", "g", "beta"):
         for t in positions:
-            inputs = dict(zip(["q", "k", "v", "g", "beta"], make_inputs(1, 130, 1, 1, 32, 32, torch.float32,
-                                                                        device=device), strict=True))
+            inputs = dict(zip(["q", "k", "v", "g", "beta"], make_inputs(1, 130, 1, 1, 32, 32, dtype, device=device),
+                              strict=True))
             inputs[name][0, t, 0] = float("inf") if name == "v" else float("nan")
             o, state = run(*inputs.values())
             finite = torch.isfinite(o[0, :, 0]).all(-1).cpu()
@@ -137,11 +138,14 @@ def _nan_causality(run, device: str, positions) -> None:
 NAN_POSITIONS = [0, 6, 63, 64, 100, 129]
 
 
+# No bf16 on the CPU: the Triton interpreter keeps bf16 tiles as uint16 and multiplies their bit
+# patterns. fp16 takes the kernels' 16-bit checks; the GPU test below runs bf16 too.
 @pytest.mark.cpu_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("segments", [None, 2], ids=["whole", "2-segments"])
-def test_triton_nan_never_reaches_earlier_tokens(segments) -> None:
+def test_triton_nan_never_reaches_earlier_tokens(segments, dtype: torch.dtype) -> None:
     _nan_causality(lambda *a: launch_chunk_gated_delta_rule(*a, 0.2, None, True, None, False, segments), "cpu",
-                   NAN_POSITIONS)
+                   NAN_POSITIONS, dtype)
 
 
 def test_torch_chunked_nan_never_reaches_earlier_tokens() -> None:
@@ -379,10 +383,11 @@ def test_gpu_hopper_pass_matches_the_portable_pass(gpu_device: str, monkeypatch:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("segments", [None, 2], ids=["whole", "2-segments"])
-def test_gpu_nan_never_reaches_earlier_tokens(gpu_device: str, segments) -> None:
+def test_gpu_nan_never_reaches_earlier_tokens(gpu_device: str, segments, dtype: torch.dtype) -> None:
     _nan_causality(lambda *a: launch_chunk_gated_delta_rule(*a, 0.2, None, True, None, False, segments), gpu_device,
-                   range(130))
+                   range(130), dtype)
 
 
 @pytest.mark.gpu
