@@ -152,25 +152,11 @@ def _chunk_span(i_c, CU, CHUNK_OFFSETS, T, N, CHUNKS_PER_SEQ, BT: tl.constexpr, 
 
 
 @triton.jit
-def _bad_rows_of(x):
-    """_bad_rows of a tile of any input dtype. A 16-bit tile is summed by one tensor-core product,
-    x @ (2^-20 ones), where the elementwise check spent a compare per element: NaN and +-Inf survive
-    products and sums, and 2^-20 keeps every finite row's sum finite (64 x 256 x bf16 max x 2^-20 is
-    below fp32 max). 64 columns: 32-column products of 16-bit tiles were wrong on the H200 (launch.py)."""
-    if x.dtype == tl.float32:
-        bad = _bad_rows(x)
-    else:
-        probe = tl.full([x.shape[1], 64], 2.0**-20, x.dtype)
-        bad = _bad(tl.sum(tl.dot(x, probe), axis=1))
-    return bad
-
-
-@triton.jit
 def _chunk_keys(K_ptr, G_ptr, BETA_ptr, chunk_start, length, i_h, i_hv,
                 H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-                L2NORM: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                L2NORM: tl.constexpr):
     """One chunk's keys, betas and gates: (l2-normalized k, 1 / ||k|| (rk), beta, the gate cumsum,
-    k k^T, the first row whose k, g or beta is non-finite). That row and the ones after it are zeroed
+    the first row whose k, g or beta is non-finite). That row and the ones after it are zeroed
     (their outputs become NaN later)."""
     rows = tl.arange(0, BT)
     k_cols = tl.arange(0, BK)
@@ -183,28 +169,32 @@ def _chunk_keys(K_ptr, G_ptr, BETA_ptr, chunk_start, length, i_h, i_hv,
     if L2NORM:
         k = (k.to(tl.float32) * rk[:, None]).to(k.dtype)
 
-    # The diagonal of k k^T is each row's squared norm: non-finite where the row is (no compare per element).
-    kk = tl.dot(k, tl.trans(k), input_precision=DOT_PRECISION)
-    norms = tl.sum(tl.where(rows[:, None] == rows[None, :], kk, 0.0), axis=1)
-    first_bad = tl.min(tl.where(_bad(norms) | _bad(g) | _bad(b), rows, BT), axis=0)
+    # Element-wise checks: reducing a product's result instead (the diagonal of k k^T, or a product
+    # with a constant tile) crashed Triton 3.6's sm_100 compile (OptimizeTMemLayouts).
+    first_bad = tl.min(tl.where(_bad_rows(k) | _bad(g) | _bad(b), rows, BT), axis=0)
     keep = rows < first_bad
-    if first_bad < BT:  # rare: nothing of a bad row may reach the products
-        k = tl.where(keep[:, None], k, 0.0)
-        kk = tl.where(keep[:, None] & keep[None, :], kk, 0.0)
+    k = tl.where(keep[:, None], k, 0.0)
     g, b = tl.where(keep, g, 0.0), tl.where(keep, b, 0.0)
-    return k, rk, b, tl.cumsum(g, axis=0), kk, first_bad
+    return k, rk, b, tl.cumsum(g, axis=0), first_bad
 
 
 @triton.jit
-def _chunk_inverse(kk, b, gc, BT: tl.constexpr, INVERSE_PRECISION: tl.constexpr):
+def _chunk_inverse(k, b, gc, BT: tl.constexpr, DOT_PRECISION: tl.constexpr, INVERSE_PRECISION: tl.constexpr):
     """Ai = (I + A)^-1 of one chunk, A = strictly lower (beta k k^T . Gamma), as whole BT-row tiles.
 
     Whole tiles, not two halves: BT = 64 rows give each of 4 warps its own 16 rows of every
     tensor-core product, where 32-row halves made two warps repeat the other two's work (and
-    hold its registers). beta scales A's rows here rather than k's elements before the product.
+    hold its registers). For 16-bit k, beta scales the product's rows rather than k's elements (k
+    enters it unrounded); fp32 k takes beta itself (the other way, ptxas spilled 15 KB per thread of
+    the fp32 pass on sm_80).
     """
     rows = tl.arange(0, BT)
-    a = tl.where(rows[:, None] > rows[None, :], kk * (b[:, None] * tl.exp(gc[:, None] - gc[None, :])), 0.0)
+    gamma = tl.exp(gc[:, None] - gc[None, :])
+    if k.dtype == tl.float32:
+        a = tl.dot(k * b[:, None], tl.trans(k), input_precision=DOT_PRECISION) * gamma
+    else:
+        a = tl.dot(k, tl.trans(k), input_precision=DOT_PRECISION) * (b[:, None] * gamma)
+    a = tl.where(rows[:, None] > rows[None, :], a, 0.0)
     return _unit_lower_inverse(a, BT, CHUNK_INVERSE_LEVELS, INVERSE_PRECISION)
 
 

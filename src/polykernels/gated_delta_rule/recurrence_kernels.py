@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from polykernels.gated_delta_rule.kernels import (
-    _bad_rows_of,
+    _bad_rows,
     _chunk_inverse,
     _chunk_keys,
     _chunk_span,
@@ -68,8 +68,8 @@ def gdn_prepare_kernel(
         # the scores are made before the inverse; v is loaded as the inverse ends (with it live
         # through the inverse the kernel spilled twice as much).
         q = tl.load(Q_ptr + (chunk_start * H + i_h) * K + _tile(rows, k_cols, H * K), mask=k_mask, other=0.0)
-        k, rk, b, gc, kk, first_bad = _chunk_keys(K_ptr, G_ptr, BETA_ptr, chunk_start, length, i_h, i_hv, H, HV, K,
-                                                  BT, BK, L2NORM, DOT_PRECISION)
+        k, rk, b, gc, first_bad = _chunk_keys(K_ptr, G_ptr, BETA_ptr, chunk_start, length, i_h, i_hv, H, HV, K, BT,
+                                              BK, L2NORM)
         dtype = k.dtype
         # Scores of l2-normalized q against l2-normalized k. Causal is the only mask they need:
         # k is zero from the first bad row on, and rows from there on come out NaN through q_scale.
@@ -83,21 +83,28 @@ def gdn_prepare_kernel(
 
         # w = Ai (beta gamma k) and u = Ai (beta v): the row scales of k and v go into Ai's columns
         # (a 64 x 64 tile) instead of k's and v's elements (64 x 128 each).
-        inverse = _chunk_inverse(kk, b, gc, BT, INVERSE_PRECISION)
+        inverse = _chunk_inverse(k, b, gc, BT, DOT_PRECISION, INVERSE_PRECISION)
         v_first = tl.load(v_chunk + _tile(rows, tl.arange(0, BV), HV * V),
                           mask=in_chunk[:, None] & (tl.arange(0, BV)[None, :] < V), other=0.0)
-        w = tl.dot((inverse * (b * tl.exp(gc))[None, :]).to(dtype), k, input_precision=DOT_PRECISION)
+        if dtype == tl.float32:
+            # Nothing to round in fp32: k and v take the scales (as in kernels._chunk_inverse).
+            w = tl.dot(inverse, k * (b * tl.exp(gc))[:, None], input_precision=DOT_PRECISION)
+            inverse_b = inverse
+        else:
+            w = tl.dot((inverse * (b * tl.exp(gc))[None, :]).to(dtype), k, input_precision=DOT_PRECISION)
+            inverse_b = (inverse * b[None, :]).to(dtype)
         tl.store(W_ptr + row_of * K + _tile(rows, k_cols, HV * K), w.to(W_ptr.dtype.element_ty), mask=k_mask)
-        inverse_b = (inverse * b[None, :]).to(dtype)
 
         # A non-finite v row also ends the chunk's valid rows (the scales below need the final row).
         for i_v in tl.static_range(0, NV):
             v_cols = i_v * BV + tl.arange(0, BV)
             v_mask = in_chunk[:, None] & (v_cols[None, :] < V)
             v = v_first if i_v == 0 else tl.load(v_chunk + _tile(rows, v_cols, HV * V), mask=v_mask, other=0.0)
-            first_bad = tl.minimum(first_bad, tl.min(tl.where(_bad_rows_of(v), rows, BT), axis=0))
+            first_bad = tl.minimum(first_bad, tl.min(tl.where(_bad_rows(v), rows, BT), axis=0))
             if first_bad < BT:  # rare
                 v = tl.where((rows < first_bad)[:, None], v, 0.0)
+            if dtype == tl.float32:
+                v = v * b[:, None]
             u = tl.dot(inverse_b, v, input_precision=DOT_PRECISION)
             tl.store(u_chunk + _tile(rows, v_cols, HV * V), u.to(U_ptr.dtype.element_ty), mask=v_mask)
         keep = rows < first_bad

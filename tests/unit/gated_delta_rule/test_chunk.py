@@ -119,7 +119,7 @@ def test_triton_varlen_sequences_split_independently() -> None:
 
 def _nan_causality(run, device: str, positions, dtype: torch.dtype = torch.float32) -> None:
     """A non-finite input at token t: outputs before t stay finite, and t (k/v/g/beta: onwards) is NaN.
-    16-bit inputs have their own checks in the kernels (k's norms from k k^T, v's row sums from a product)."""
+    16-bit inputs take their own path through the prepare pass (beta and the gates in the inverse's columns)."""
     for name in ("q", "k", "v", "g", "beta"):
         for t in positions:
             inputs = dict(zip(["q", "k", "v", "g", "beta"], make_inputs(1, 130, 1, 1, 32, 32, dtype, device=device),
@@ -139,7 +139,7 @@ NAN_POSITIONS = [0, 6, 63, 64, 100, 129]
 
 
 # No bf16 on the CPU: the Triton interpreter keeps bf16 tiles as uint16 and multiplies their bit
-# patterns. fp16 takes the kernels' 16-bit checks; the GPU test below runs bf16 too.
+# patterns. fp16 takes the kernels' 16-bit path; the GPU test below runs bf16 too.
 @pytest.mark.cpu_only
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("segments", [None, 2], ids=["whole", "2-segments"])
