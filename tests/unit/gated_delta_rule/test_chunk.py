@@ -350,9 +350,9 @@ def _starting_mid_row(tensor: torch.Tensor) -> torch.Tensor:
 def test_gpu_hopper_pass_matches_the_portable_pass(gpu_device: str, monkeypatch: pytest.MonkeyPatch, tokens: int,
                                                    key_dim: int, value_dim: int, lengths, segments,
                                                    dtype: torch.dtype, mid_row: bool) -> None:
-    # The Gluon sequential pass (sm_90) against the Triton one on the same prepared chunks: TMA
-    # tiles (zero rows past each sequence's end), cp.async tiles where V is not a multiple of 8,
-    # and q, k views that TMA cannot read in place.
+    # The Gluon sequential pass (sm_90) against the Triton one on the same prepared chunks: its
+    # cp.async tiles reading zeros past each sequence's end and past V (100 columns), fp16, and q, k
+    # views starting off a 16-byte boundary (copied first).
     from polykernels.gated_delta_rule import launch
 
     if torch.cuda.get_device_capability(gpu_device) != (9, 0):
