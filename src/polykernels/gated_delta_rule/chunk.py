@@ -4,6 +4,7 @@ launch of the Triton kernels is launch.py's)."""
 from __future__ import annotations
 
 import functools
+import weakref
 
 import torch
 
@@ -134,18 +135,46 @@ def _check(
 
 
 def _check_boundaries(cu_seqlens: torch.Tensor, tokens: int) -> None:
-    """The values of cu_seqlens, where reading them is allowed.
+    """The values of cu_seqlens, where reading them is allowed, once per tensor and version.
 
-    Reading them costs a device-to-host copy, which a CUDA graph cannot capture and torch.compile
-    cannot trace: there the contract is the caller's (as in FLA and vLLM).
+    Reading them costs a device-to-host copy that waits for the GPU, which a CUDA graph cannot
+    capture and torch.compile cannot trace: there the contract is the caller's (as in FLA and vLLM).
+    Eagerly, the layers of one forward share one cu_seqlens: a tensor whose values passed and that
+    torch has not seen written since (its version counter) is not read again. Inference tensors
+    have no version counter and are read on every call.
     """
     if torch.compiler.is_compiling() or (cu_seqlens.is_cuda and torch.cuda.is_current_stream_capturing()):
         return
-    bounds = cu_seqlens.tolist()
+    version = None if cu_seqlens.is_inference() else cu_seqlens._version
+    seen = _checked_boundaries.get(id(cu_seqlens))
+    if seen is not None and seen[0]() is cu_seqlens and seen[1:] == (version, tokens):
+        return
+    bounds = _boundaries_on_host(cu_seqlens)
     if bounds[0] != 0 or bounds[-1] != tokens:
         raise ValueError(f"cu_seqlens must start at 0 and end at T = {tokens}, got {bounds[:3]}...{bounds[-1:]}")
     if any(b > a for a, b in zip(bounds[1:], bounds[:-1], strict=True)):
         raise ValueError("cu_seqlens must be non-decreasing")
+    if version is not None:
+        _remember_checked(cu_seqlens, version, tokens)
+
+
+def _boundaries_on_host(cu_seqlens: torch.Tensor) -> list[int]:
+    """The op's one device-to-host read (it waits for the GPU's queue to drain)."""
+    return cu_seqlens.tolist()
+
+
+# id(cu_seqlens) -> (a weak reference to it, the version and T its values passed at). The weak
+# reference tells a tensor that reuses a dead one's id from the checked one. A few per forward.
+_checked_boundaries: dict[int, tuple[weakref.ref, int, int]] = {}
+_MAX_CHECKED = 64
+
+
+def _remember_checked(cu_seqlens: torch.Tensor, version: int, tokens: int) -> None:
+    if len(_checked_boundaries) >= _MAX_CHECKED:
+        _checked_boundaries.clear()
+    key = id(cu_seqlens)
+    _checked_boundaries[key] = (weakref.ref(cu_seqlens, lambda _: _checked_boundaries.pop(key, None)), version,
+                                tokens)
 
 
 def chunk_gated_delta_rule(
@@ -174,8 +203,9 @@ def chunk_gated_delta_rule(
         scale: defaults to ``K ** -0.5``; must be finite.
         initial_state: ``[N, HV, K, V]`` (fp32 state), N = B or ``len(cu_seqlens) - 1``.
         cu_seqlens: ``[N + 1]`` int sequence boundaries of packed sequences (requires B == 1).
-            Their values are checked in eager mode; under CUDA-graph capture and torch.compile
-            they are trusted.
+            Their values are checked in eager mode, once per tensor until torch sees it written
+            (a write torch does not see, through ``.data`` or another library, is trusted); under
+            CUDA-graph capture and torch.compile they are trusted.
         use_qk_l2norm_in_kernel: l2-normalize q and k over the head dim first.
         num_segments: segments per sequence for context parallelism (default: chosen from N, HV, T
             and the SM count; ``polykernels info`` shows the rule). For tests and tuning.

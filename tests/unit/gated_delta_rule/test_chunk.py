@@ -295,6 +295,54 @@ def test_cu_seqlens_requires_batch_one() -> None:
         chunk_gated_delta_rule(*inputs, cu_seqlens=torch.tensor([0, 8]))
 
 
+def _count_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How often the op reads cu_seqlens' values to the host (one list element per read; the CPU
+    path's own use of them is not counted)."""
+    from polykernels.gated_delta_rule import chunk
+
+    reads: list[int] = []
+    read = chunk._boundaries_on_host
+
+    def counting(cu_seqlens: torch.Tensor) -> list[int]:
+        reads.append(1)
+        return read(cu_seqlens)
+
+    monkeypatch.setattr(chunk, "_boundaries_on_host", counting)
+    return reads
+
+
+def test_cu_seqlens_values_are_read_once_until_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The layers of a forward share one cu_seqlens: its values are read (a GPU synchronization) once.
+    inputs = _inputs()
+    cu = torch.tensor([0, 3, 8])
+    reads = _count_reads(monkeypatch)
+    for _ in range(3):
+        chunk_gated_delta_rule(**inputs, cu_seqlens=cu)
+    assert len(reads) == 1
+    cu[1] = 5  # written in place: read again, and still valid
+    chunk_gated_delta_rule(**inputs, cu_seqlens=cu)
+    assert len(reads) == 2
+    cu[2] = 7  # now invalid: the next call must say so, not trust the earlier check
+    with pytest.raises(ValueError, match=r"cu_seqlens must start at 0 and end at T = 8"):
+        chunk_gated_delta_rule(**inputs, cu_seqlens=cu)
+    shorter = {name: t[:, :7] for name, t in _inputs().items()}  # same tensor, another T: read again
+    cu[2] = 7
+    chunk_gated_delta_rule(**{name: t.contiguous() for name, t in shorter.items()}, cu_seqlens=cu)
+    chunk_gated_delta_rule(**inputs, cu_seqlens=torch.tensor([0, 3, 8]))  # a new tensor is read
+    assert len(reads) == 5
+
+
+def test_cu_seqlens_inference_tensors_are_read_every_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Inference tensors have no version counter: a write to them could not be seen.
+    inputs = _inputs()
+    with torch.inference_mode():
+        cu = torch.tensor([0, 3, 8])
+        reads = _count_reads(monkeypatch)
+        for _ in range(2):
+            chunk_gated_delta_rule(**inputs, cu_seqlens=cu)
+    assert len(reads) == 2
+
+
 # Every unfriendly shape in bf16 (what models run); fp16 at one shape and fp32 at two: each distinct
 # shape/dtype is a fresh Triton compile, and compiles dominate a GPU run. fp32 at K = 100 (padded to
 # 128) is the shared-memory-hungry case: three pipeline stages of fp32 tiles do not fit on an H200.
@@ -406,6 +454,21 @@ def test_gpu_capturable_in_a_cuda_graph(gpu_device: str, packed: bool) -> None:
     inputs[2].mul_(2)  # new values, same buffers
     graph.replay()
     want = chunk_gated_delta_rule(*inputs, cu_seqlens=cu, output_final_state=True)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.gpu
+def test_gpu_eager_calls_with_one_cu_seqlens_synchronize_once(gpu_device: str) -> None:
+    # The first call reads cu_seqlens' values (and compiles); later calls with the same tensor do not
+    # wait for the GPU: torch raises on any synchronizing operation in this mode.
+    inputs = make_inputs(1, 4096, 2, 8, 128, 128, torch.bfloat16, device=gpu_device)
+    cu = torch.tensor([0, 1000, 4096], device=gpu_device)
+    want = chunk_gated_delta_rule(*inputs, cu_seqlens=cu, output_final_state=True)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = chunk_gated_delta_rule(*inputs, cu_seqlens=cu, output_final_state=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
