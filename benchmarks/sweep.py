@@ -114,13 +114,13 @@ def sweep_norm(device: str) -> list[dict]:
             kernels.NORM_LAUNCH[4096] = (rows, warps)
             kernels.NORM_PERSISTENT[4096] = (rows, warps, per_sm, stages)
             kernels.PERSISTENT_MIN_ROWS_PER_SM = 0 if per_sm else 2**40
-            ops._norm_launch.cache_clear()  # launch parameters are cached per class of call
+            ops.forget_plans()  # launch plans are kept per class of call
             row[f"{rows}x{warps} {per_sm}/SM x{stages}"] = round(graph_ms(call), 4)
         kernels.NORM_LAUNCH.update(launch)
         kernels.NORM_PERSISTENT.clear()
         kernels.NORM_PERSISTENT.update(persistent)
         kernels.PERSISTENT_MIN_ROWS_PER_SM = threshold
-        ops._norm_launch.cache_clear()
+        ops.forget_plans()
         print(json.dumps(row), flush=True)
         results.append(row)
     q = torch.randn(1, 4608, 24, 128, device=device, dtype=torch.bfloat16)
@@ -129,8 +129,10 @@ def sweep_norm(device: str) -> list[dict]:
     for rows in (4, 8, 16, 32, 64):
         for warps in (2, 4, 8):
             kernels.NORM_LAUNCH[128] = (rows, warps)
+            ops.forget_plans()
             row[f"{rows}x{warps}"] = round(graph_ms(lambda: qk_rmsnorm(q, q, w, w)), 4)
     kernels.NORM_LAUNCH.update(launch)
+    ops.forget_plans()
     print(json.dumps(row), flush=True)
     results.append(row)
     return results

@@ -1,14 +1,17 @@
 """Public FLUX norm ops: argument checks, the guard, the launch; registered as torch triton ops.
 
-Eager GPU calls launch the kernel directly (a few microseconds of host time); under
-torch.compile the public functions call the ``torch.library.triton_op`` registrations, whose
-bodies launch through ``wrap_triton`` so the compiler sees the kernel itself.
+Eager GPU calls launch the kernel directly: the first call of a class (shapes, strides, dtypes,
+devices, alignments, eps) runs the checks and the guard and keeps its launch plan; later calls of
+the class read those facts once and launch. Under torch.compile the public functions call the
+``torch.library.triton_op`` registrations, whose bodies launch through ``wrap_triton`` so the
+compiler sees the kernel itself.
 """
 
 from __future__ import annotations
 
 import functools
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import torch
 
@@ -82,6 +85,80 @@ def _check_weight(weight: object, name: str, dim: int, like: torch.Tensor) -> to
     return weight if weight.is_contiguous() else weight.contiguous()
 
 
+class _Plan(NamedTuple):
+    """One launch worked out for a class of call: the grid, the constexprs and options, the
+    integer arguments, and the launcher's spec_key (``_spec_id``)."""
+
+    grid: tuple[int, int]
+    meta: dict[str, object]
+    ints: tuple[int, ...]
+    spec: int
+
+
+# A launcher's spec_key as a small number (hashed on every launch): one per distinct key tuple.
+_spec_ids: dict[tuple, int] = {}
+
+
+def _spec_id(spec: tuple) -> int:
+    return _spec_ids.setdefault(spec, len(_spec_ids))
+
+
+# Eager GPU calls by class (``_modulated_class``, ``_heads_class``): the checks passed and this is
+# the plan. Bounded: a server sees many sequence lengths. ``forget_plans`` after editing a launch table.
+_eager_plans: dict[tuple, _Plan] = {}
+_MAX_PLANS = 512
+
+
+def forget_plans() -> None:
+    """Drops every cached launch plan (a sweep that edits kernels' launch tables calls this)."""
+    _eager_plans.clear()
+    _norm_launch.cache_clear()
+
+
+def _remember(key: tuple | None, plan: _Plan) -> None:
+    if key is None:
+        return
+    if len(_eager_plans) >= _MAX_PLANS:
+        _eager_plans.clear()
+    _eager_plans[key] = plan
+
+
+def _modulated_class(x: object, weight: object, shift: object, scale: object, eps: object) -> tuple | None:
+    """Every fact a modulated norm's checks, guard and launch follow from (each tensor's shape,
+    strides, dtype, device and 16-byte alignment, eps, the guard's inputs), or None for calls that
+    take the checked path every time (not eager on a GPU, or an argument of another type)."""
+    if (type(eps) is not float or not isinstance(x, torch.Tensor) or not isinstance(shift, torch.Tensor)
+            or not isinstance(scale, torch.Tensor) or not _eager_gpu(x)):
+        return None
+    key = (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15, shift.shape, shift.stride(), shift.dtype,
+           shift.device, shift.data_ptr() & 15, scale.shape, scale.stride(), scale.dtype, scale.device,
+           scale.data_ptr() & 15, eps, guards.preference(), platform.current())
+    if weight is None:
+        return key
+    if not isinstance(weight, torch.Tensor):
+        return None
+    return (*key, weight.shape, weight.stride(), weight.dtype, weight.device, weight.data_ptr() & 15)
+
+
+def _heads_class(op: str, q: object, k: object, weight_q: object, weight_k: object, eps: object) -> tuple | None:
+    """``_modulated_class`` of the per-head norms (head_rmsnorm passes x as q and k): a tensor
+    passed twice is read once."""
+    if (type(eps) is not float or not isinstance(q, torch.Tensor) or not isinstance(weight_q, torch.Tensor)
+            or not _eager_gpu(q)):
+        return None
+    key = (op, q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15, weight_q.shape, weight_q.stride(),
+           weight_q.dtype, weight_q.device, weight_q.data_ptr() & 15, eps, guards.preference(), platform.current())
+    if k is not q:
+        if not isinstance(k, torch.Tensor):
+            return None
+        key = (*key, k.shape, k.stride(), k.dtype, k.device, k.data_ptr() & 15)
+    if weight_k is not weight_q:
+        if not isinstance(weight_k, torch.Tensor):
+            return None
+        key = (*key, None, weight_k.shape, weight_k.stride(), weight_k.dtype, weight_k.device, weight_k.data_ptr() & 15)
+    return key
+
+
 @functools.cache
 def _launchers() -> SimpleNamespace:
     from polykernels._launch import Launcher
@@ -137,17 +214,33 @@ def _launch_norm(
     ``strides``: the modulation strides when the caller has checked shift and scale already."""
     if strides is None:
         strides = (*_check_modulation(shift, "shift", x), *_check_modulation(scale, "scale", x))
+    if not stats:
+        return _run_norm(_norm_plan(x, weight, shift, scale, strides, exact), x, weight, shift, scale, eps), None, None
     grid, meta = _norm_meta(x, weight, strides, exact, stats)
-    y = torch.empty_like(x)
     rows = x.shape[0] * x.shape[1]
-    mean = rstd = None
-    if stats:
-        mean = torch.empty(rows, device=x.device, dtype=torch.float32)
-        rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
-    args = (x, y, weight if weight is not None else x, shift, scale, mean if stats else y, rstd if stats else y,
-            rows, x.shape[1], x.shape[2], *strides, eps)
+    y = torch.empty_like(x)
+    mean = torch.empty(rows, device=x.device, dtype=torch.float32)
+    rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
+    args = (x, y, weight if weight is not None else x, shift, scale, mean, rstd, rows, x.shape[1], x.shape[2],
+            *strides, eps)
     _launchers().norm(grid, args, meta, spec_key=_norm_spec_key(x, weight, shift, scale, strides, exact, stats))
     return y, mean, rstd
+
+
+def _norm_plan(x: torch.Tensor, weight: torch.Tensor | None, shift: torch.Tensor, scale: torch.Tensor,
+               strides: tuple[int, int, int, int], exact: bool) -> _Plan:
+    """The launch of a modulated norm without statistics (what every public call runs)."""
+    grid, meta = _norm_meta(x, weight, strides, exact, False)
+    return _Plan(grid, meta, (x.shape[0] * x.shape[1], x.shape[1], x.shape[2], *strides),
+                 _spec_id(_norm_spec_key(x, weight, shift, scale, strides, exact, False)))
+
+
+def _run_norm(plan: _Plan, x: torch.Tensor, weight: torch.Tensor | None, shift: torch.Tensor, scale: torch.Tensor,
+              eps: float) -> torch.Tensor:
+    y = torch.empty_like(x)
+    args = (x, y, weight if weight is not None else x, shift, scale, y, y, *plan.ints, eps)
+    _launchers().norm(plan.grid, args, plan.meta, spec_key=plan.spec)
+    return y
 
 
 def _norm_spec_key(x: torch.Tensor, weight: torch.Tensor | None, shift: torch.Tensor, scale: torch.Tensor,
@@ -236,25 +329,41 @@ def _launch_qk(
     q: torch.Tensor, k: torch.Tensor, weight_q: torch.Tensor, weight_k: torch.Tensor, eps: float, *, only_q: bool,
     traced: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    from polykernels.norm.kernels import launch_config, qk_rmsnorm_kernel
+    plan = _qk_plan(q, k, weight_q, weight_k, only_q)
+    if not traced:
+        return _run_qk(plan, q, k, weight_q, weight_k, eps, only_q)
+    from polykernels.norm.kernels import qk_rmsnorm_kernel
 
-    head_dim = q.shape[-1]
     q_out = torch.empty_like(q)
     k_out = q_out if only_q else torch.empty_like(k)
+    torch.library.wrap_triton(qk_rmsnorm_kernel)[plan.grid](q, k, weight_q, weight_k, q_out, k_out, *plan.ints, eps,
+                                                            **plan.meta)
+    return q_out, k_out
+
+
+def _qk_plan(q: torch.Tensor, k: torch.Tensor, weight_q: torch.Tensor, weight_k: torch.Tensor,
+             only_q: bool) -> _Plan:
+    from polykernels.norm.kernels import launch_config
+
+    head_dim = q.shape[-1]
     q_rows, k_rows = q.numel() // head_dim, k.numel() // head_dim
     block = _next_power_of_2(head_dim)
     rows_per_program, num_warps = launch_config(block)
     # Axis 1 = 2 normalizes q and k in one launch; 1 normalizes q alone.
     grid = (-(-max(q_rows, k_rows) // rows_per_program), 1 if only_q else 2)
-    args = (q, k, weight_q, weight_k, q_out, k_out, q_rows, k_rows, head_dim, eps)
     meta = {"ROWS": rows_per_program, "BLOCK_D": block, "num_warps": num_warps, "num_stages": 1}
-    if traced:
-        torch.library.wrap_triton(qk_rmsnorm_kernel)[grid](*args, **meta)
-    else:
-        # The shapes give every integer argument; the outputs are fresh allocations (aligned).
-        spec = (q.shape, k.shape, q.dtype, k.dtype, weight_q.dtype, weight_k.dtype, q.data_ptr() & 15,
-                k.data_ptr() & 15, weight_q.data_ptr() & 15, weight_k.data_ptr() & 15, only_q)
-        _launchers().qk(grid, args, meta, spec_key=spec)
+    # The shapes give every integer argument; the outputs are fresh allocations (aligned).
+    spec = (q.shape, k.shape, q.dtype, k.dtype, weight_q.dtype, weight_k.dtype, q.data_ptr() & 15,
+            k.data_ptr() & 15, weight_q.data_ptr() & 15, weight_k.data_ptr() & 15, only_q)
+    return _Plan(grid, meta, (q_rows, k_rows, head_dim), _spec_id(spec))
+
+
+def _run_qk(plan: _Plan, q: torch.Tensor, k: torch.Tensor, weight_q: torch.Tensor, weight_k: torch.Tensor,
+            eps: float, only_q: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    q_out = torch.empty_like(q)
+    k_out = q_out if only_q else torch.empty_like(k)
+    _launchers().qk(plan.grid, (q, k, weight_q, weight_k, q_out, k_out, *plan.ints, eps), plan.meta,
+                    spec_key=plan.spec)
     return q_out, k_out
 
 
@@ -274,28 +383,42 @@ def layernorm_modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor
 
     Statistics are fp32; the result is ``[B, L, D]`` in x's dtype, rounded once.
     """
+    key = _modulated_class(x, None, shift, scale, eps)
+    plan = _eager_plans.get(key) if key is not None else None
+    if plan is not None:
+        return _run_norm(plan, x, None, shift, scale, eps)
     x = _check_x(x)
-    return _norm_modulate(x, None, shift, scale, _check_eps(eps))
+    return _norm_modulate(x, None, shift, scale, _check_eps(eps), key)
 
 
 def rmsnorm_scale_shift(
     x: torch.Tensor, weight: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float = 1e-6
 ) -> torch.Tensor:
     """``(x * rsqrt(mean(x^2) + eps) * weight) * (1 + scale) + shift``, fused; shapes as layernorm_modulate."""
+    key = _modulated_class(x, weight, shift, scale, eps)
+    plan = _eager_plans.get(key) if key is not None else None
+    if plan is not None:
+        return _run_norm(plan, x, weight, shift, scale, eps)
     x = _check_x(x)
     eps = _check_eps(eps)
-    return _norm_modulate(x, _check_weight(weight, "weight", x.shape[-1], x), shift, scale, eps)
+    checked = _check_weight(weight, "weight", x.shape[-1], x)
+    # A weight that needed a copy is a new tensor on every call: no plan for it.
+    return _norm_modulate(x, checked, shift, scale, eps, key if checked is weight else None)
 
 
 def _norm_modulate(
-    x: torch.Tensor, weight: torch.Tensor | None, shift: torch.Tensor, scale: torch.Tensor, eps: float
+    x: torch.Tensor, weight: torch.Tensor | None, shift: torch.Tensor, scale: torch.Tensor, eps: float,
+    key: tuple | None,
 ) -> torch.Tensor:
-    """The two modulated norms after their own checks: LayerNorm when ``weight`` is None, else RMSNorm."""
+    """The two modulated norms after their own checks: LayerNorm when ``weight`` is None, else RMSNorm.
+    ``key``: the call's class, under which an eager GPU call keeps its plan."""
     strides = (*_check_modulation(shift, "shift", x), *_check_modulation(scale, "scale", x))
     if _eager_gpu(x):
         path = _gpu_path(x, exact_epilogue=True)
         if path != "torch":
-            return _launch_norm(x, weight, shift, scale, eps, exact=path == "ptx", strides=strides)[0]
+            plan = _norm_plan(x, weight, shift, scale, strides, exact=path == "ptx")
+            _remember(key, plan)
+            return _run_norm(plan, x, weight, shift, scale, eps)
     if weight is None:
         return _layernorm_modulate_op(x, shift, scale, eps)
     return _rmsnorm_scale_shift_op(x, weight, shift, scale, eps)
@@ -303,18 +426,28 @@ def _norm_modulate(
 
 def head_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """Per-head RMSNorm with weight of one ``[B, L, heads, head_dim]`` tensor (a torch.nn.RMSNorm over head_dim)."""
+    key = _heads_class("head", x, x, weight, weight, eps)
+    plan = _eager_plans.get(key) if key is not None else None
+    if plan is not None:
+        return _run_qk(plan, x, x, weight, weight, eps, only_q=True)[0]
     x = _check_x(x, "x", dims=4)
     eps = _check_eps(eps)
-    weight = _check_weight(weight, "weight", x.shape[-1], x)
+    checked = _check_weight(weight, "weight", x.shape[-1], x)
     if _eager_gpu(x) and _gpu_path(x, exact_epilogue=False) != "torch":
-        return _launch_qk(x, x, weight, weight, eps, only_q=True, traced=False)[0]
-    return _head_rmsnorm_op(x, weight, eps)
+        plan = _qk_plan(x, x, checked, checked, only_q=True)
+        _remember(key if checked is weight else None, plan)
+        return _run_qk(plan, x, x, checked, checked, eps, only_q=True)[0]
+    return _head_rmsnorm_op(x, checked, eps)
 
 
 def qk_rmsnorm(
     q: torch.Tensor, k: torch.Tensor, weight_q: torch.Tensor, weight_k: torch.Tensor, eps: float = 1e-6
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-head RMSNorm with weight of q and k ``[B, L, heads, head_dim]`` in one launch."""
+    key = _heads_class("qk", q, k, weight_q, weight_k, eps)
+    plan = _eager_plans.get(key) if key is not None else None
+    if plan is not None:
+        return _run_qk(plan, q, k, weight_q, weight_k, eps, only_q=False)
     q, k = _check_x(q, "q", dims=4), _check_x(k, "k", dims=4)
     eps = _check_eps(eps)
     if q.shape[-1] != k.shape[-1] or q.dtype != k.dtype or q.device != k.device:
@@ -322,8 +455,10 @@ def qk_rmsnorm(
             f"q and k must share head_dim, dtype and device; got {tuple(q.shape)} {q.dtype} {q.device} "
             f"and {tuple(k.shape)} {k.dtype} {k.device}"
         )
-    weight_q = _check_weight(weight_q, "weight_q", q.shape[-1], q)
-    weight_k = _check_weight(weight_k, "weight_k", k.shape[-1], k)
+    checked_q = _check_weight(weight_q, "weight_q", q.shape[-1], q)
+    checked_k = _check_weight(weight_k, "weight_k", k.shape[-1], k)
     if _eager_gpu(q) and _gpu_path(q, exact_epilogue=False) != "torch":
-        return _launch_qk(q, k, weight_q, weight_k, eps, only_q=False, traced=False)
-    return _qk_rmsnorm_op(q, k, weight_q, weight_k, eps)
+        plan = _qk_plan(q, k, checked_q, checked_k, only_q=False)
+        _remember(key if checked_q is weight_q and checked_k is weight_k else None, plan)
+        return _run_qk(plan, q, k, checked_q, checked_k, eps, only_q=False)
+    return _qk_rmsnorm_op(q, k, checked_q, checked_k, eps)

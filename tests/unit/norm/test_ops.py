@@ -6,6 +6,7 @@ import torch
 from polykernels import platform
 from polykernels.norm import (
     choose,
+    head_rmsnorm,
     layernorm_modulate,
     layernorm_modulate_reference,
     prefer,
@@ -129,8 +130,11 @@ def test_op_asks_for_ptx_only_where_guard_allows(monkeypatch, seen, expected_fla
     from polykernels.norm import ops
 
     flags = []
-    monkeypatch.setattr(ops, "_launch_norm", lambda *a, exact, **_: flags.append(exact) or (a[0].clone(), None, None))
+    plan = ops._norm_plan
+    monkeypatch.setattr(ops, "_norm_plan", lambda *a, exact: flags.append(exact) or plan(*a, exact=exact))
+    monkeypatch.setattr(ops, "_run_norm", lambda plan, x, *a: x.clone())
     monkeypatch.setattr(ops, "_eager_gpu", lambda x: True)
+    monkeypatch.setattr(ops, "_eager_plans", {})
     real_choose = ops.guards.choose
     monkeypatch.setattr(ops.guards, "choose", lambda device_type, *a, **k: real_choose("cuda", *a, **k))
     with platform.use(seen):
@@ -216,6 +220,81 @@ def test_bad_input_names_the_argument(call, error, match) -> None:
         return
     with pytest.raises(error, match=match):
         call()
+
+
+@pytest.fixture
+def eager_plans(monkeypatch: pytest.MonkeyPatch):
+    """The eager GPU path of the public ops, on CPU tensors: the Triton interpreter runs the kernels,
+    so the launch plans kept per class of call are exercised with real results."""
+    from polykernels.norm import ops
+
+    monkeypatch.setattr(ops, "_eager_gpu", lambda x: True)
+    monkeypatch.setattr(ops, "_gpu_path", lambda x, exact_epilogue: "triton")
+    ops.forget_plans()
+    yield ops._eager_plans
+    ops.forget_plans()
+
+
+def _head_inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(1, 3, 2, 16), torch.randn(16)
+
+
+@pytest.mark.cpu_only
+def test_eager_plans_are_kept_per_class_and_give_the_reference(eager_plans: dict) -> None:
+    x, weight = torch.randn(2, 3, 32), torch.randn(32)
+    shift, scale = modulation(2, 3, 32, "chunked", torch.float32)
+    heads, head_weight = _head_inputs()
+    calls = [
+        (lambda: layernorm_modulate(x, shift, scale), lambda: layernorm_modulate_reference(x, shift, scale)),
+        (lambda: rmsnorm_scale_shift(x, weight, shift, scale),
+         lambda: rmsnorm_scale_shift_reference(x, weight, shift, scale)),
+        (lambda: qk_rmsnorm(heads, heads * 2, head_weight, head_weight)[1],
+         lambda: qk_rmsnorm_reference(heads, heads * 2, head_weight, head_weight)[1]),
+        (lambda: head_rmsnorm(heads, head_weight), lambda: qk_rmsnorm_reference(heads, heads, head_weight,
+                                                                                head_weight)[0]),
+    ]
+    for planned, (call, reference) in enumerate(calls, start=1):
+        for _ in range(2):  # the second call runs from the plan the first one kept
+            torch.testing.assert_close(call(), reference(), rtol=1e-5, atol=1e-5)
+        assert len(eager_plans) == planned
+    layernorm_modulate(x[:, :2].contiguous(), shift, scale)  # another class: another plan
+    assert len(eager_plans) == len(calls) + 1
+
+
+@pytest.mark.cpu_only
+@pytest.mark.parametrize(
+    ("bad_call", "error", "match"),
+    [
+        (lambda x, w, s, c, h, hw: layernorm_modulate(x.transpose(1, 2).contiguous().transpose(1, 2), s, c),
+         ValueError, r"x must be contiguous"),
+        (lambda x, w, s, c, h, hw: layernorm_modulate(x, s.bfloat16(), c), TypeError, r"shift must be torch.float32"),
+        (lambda x, w, s, c, h, hw: layernorm_modulate(x, s, c, eps=True), ValueError, r"got True"),
+        (lambda x, w, s, c, h, hw: layernorm_modulate(x, s, c, eps=-1e-6), ValueError, r"got -1e-06"),
+        (lambda x, w, s, c, h, hw: layernorm_modulate(x, s, c, eps=float("nan")), ValueError, r"got nan"),
+        (lambda x, w, s, c, h, hw: layernorm_modulate(x, torch.randn(2, 64)[:, ::2], c), ValueError,
+         r"shift's last dimension must be contiguous"),
+        (lambda x, w, s, c, h, hw: rmsnorm_scale_shift(x, w[:31], s, c), ValueError, r"weight must have shape"),
+        (lambda x, w, s, c, h, hw: rmsnorm_scale_shift(x, w.double(), s, c), TypeError, r"weight must be a float"),
+        (lambda x, w, s, c, h, hw: qk_rmsnorm(h, h[..., :8].contiguous(), hw, hw[:8]), ValueError,
+         r"q and k must share head_dim"),
+        (lambda x, w, s, c, h, hw: head_rmsnorm(h.double(), hw), TypeError, r"x must be float32"),
+    ],
+    ids=["non-contiguous", "shift-dtype", "eps-bool", "eps-negative", "eps-nan", "strided-shift", "weight-shape",
+         "weight-dtype", "qk-head-dim", "head-dtype"],
+)
+def test_a_kept_plan_never_skips_a_check(eager_plans: dict, bad_call, error, match) -> None:
+    # Good calls of the same shapes first: each bad call differs from one of them in one fact only.
+    x, weight = torch.randn(2, 3, 32), torch.randn(32)
+    shift, scale = torch.randn(2, 32), torch.randn(2, 32)
+    heads, head_weight = _head_inputs()
+    layernorm_modulate(x, shift, scale, eps=1.0)
+    layernorm_modulate(x, shift, scale)
+    rmsnorm_scale_shift(x, weight, shift, scale)
+    qk_rmsnorm(heads, heads, head_weight, head_weight)
+    head_rmsnorm(heads, head_weight)
+    assert len(eager_plans) == 5
+    with pytest.raises(error, match=match):
+        bad_call(x, weight, shift, scale, heads, head_weight)
 
 
 def test_torch_compile_traces_the_ops() -> None:
