@@ -384,7 +384,7 @@ def layernorm_modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor
     Statistics are fp32; the result is ``[B, L, D]`` in x's dtype, rounded once.
     """
     key = _modulated_class(x, None, shift, scale, eps)
-    plan = _eager_plans.get(key) if key is not None else None
+    plan = _eager_plans.get(key)  # never holds None: a call without a class takes the checked path
     if plan is not None:
         return _run_norm(plan, x, None, shift, scale, eps)
     x = _check_x(x)
@@ -396,7 +396,7 @@ def rmsnorm_scale_shift(
 ) -> torch.Tensor:
     """``(x * rsqrt(mean(x^2) + eps) * weight) * (1 + scale) + shift``, fused; shapes as layernorm_modulate."""
     key = _modulated_class(x, weight, shift, scale, eps)
-    plan = _eager_plans.get(key) if key is not None else None
+    plan = _eager_plans.get(key)
     if plan is not None:
         return _run_norm(plan, x, weight, shift, scale, eps)
     x = _check_x(x)
@@ -427,7 +427,7 @@ def _norm_modulate(
 def head_rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """Per-head RMSNorm with weight of one ``[B, L, heads, head_dim]`` tensor (a torch.nn.RMSNorm over head_dim)."""
     key = _heads_class("head", x, x, weight, weight, eps)
-    plan = _eager_plans.get(key) if key is not None else None
+    plan = _eager_plans.get(key)
     if plan is not None:
         return _run_qk(plan, x, x, weight, weight, eps, only_q=True)[0]
     x = _check_x(x, "x", dims=4)
@@ -445,7 +445,7 @@ def qk_rmsnorm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-head RMSNorm with weight of q and k ``[B, L, heads, head_dim]`` in one launch."""
     key = _heads_class("qk", q, k, weight_q, weight_k, eps)
-    plan = _eager_plans.get(key) if key is not None else None
+    plan = _eager_plans.get(key)
     if plan is not None:
         return _run_qk(plan, q, k, weight_q, weight_k, eps, only_q=False)
     q, k = _check_x(q, "q", dims=4), _check_x(k, "k", dims=4)
