@@ -184,17 +184,12 @@ def _chunk_inverse(k, b, gc, BT: tl.constexpr, DOT_PRECISION: tl.constexpr, INVE
 
     Whole tiles, not two halves: BT = 64 rows give each of 4 warps its own 16 rows of every
     tensor-core product, where 32-row halves made two warps repeat the other two's work (and
-    hold its registers). For 16-bit k, beta scales the product's rows rather than k's elements (k
-    enters it unrounded); fp32 k takes beta itself (the other way, ptxas spilled 15 KB per thread of
-    the fp32 pass on sm_80).
+    hold its registers).
     """
     rows = tl.arange(0, BT)
-    gamma = tl.exp(gc[:, None] - gc[None, :])
-    if k.dtype == tl.float32:
-        a = tl.dot(k * b[:, None], tl.trans(k), input_precision=DOT_PRECISION) * gamma
-    else:
-        a = tl.dot(k, tl.trans(k), input_precision=DOT_PRECISION) * (b[:, None] * gamma)
-    a = tl.where(rows[:, None] > rows[None, :], a, 0.0)
+    kb = (k.to(tl.float32) * b[:, None]).to(k.dtype)
+    a = tl.dot(kb, tl.trans(k), input_precision=DOT_PRECISION)
+    a = tl.where(rows[:, None] > rows[None, :], a * tl.exp(gc[:, None] - gc[None, :]), 0.0)
     return _unit_lower_inverse(a, BT, CHUNK_INVERSE_LEVELS, INVERSE_PRECISION)
 
 

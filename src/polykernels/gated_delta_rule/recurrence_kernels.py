@@ -74,25 +74,19 @@ def gdn_prepare_kernel(
         # Scores of l2-normalized q against l2-normalized k. Causal is the only mask they need:
         # k is zero from the first bad row on, and rows from there on come out NaN through q_scale.
         rq = _row_rsqrt_norm(q, L2NORM)
-        if L2NORM:
-            q = (q.to(tl.float32) * rq[:, None]).to(dtype)
-        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        qn = (q.to(tl.float32) * rq[:, None]).to(dtype)
+        scores = tl.dot(qn, tl.trans(k), input_precision=DOT_PRECISION)
         scores = tl.where(rows[:, None] >= rows[None, :], scores * (scale * tl.exp(gc[:, None] - gc[None, :])), 0.0)
         tl.store(P_ptr + row_of * BT + _tile(rows, rows, HV * BT), scores.to(P_ptr.dtype.element_ty),
                  mask=in_chunk[:, None])
 
-        # w = Ai (beta gamma k) and u = Ai (beta v): the row scales of k and v go into Ai's columns
-        # (a 64 x 64 tile) instead of k's and v's elements (64 x 128 each).
-        inverse = _chunk_inverse(k, b, gc, BT, DOT_PRECISION, INVERSE_PRECISION)
+        # beta and the gates scale k's and v's elements, not Ai's columns: that fold (one bf16 rounding
+        # fewer) made this pass 25% slower on the H200 with element-wise checks (BENCHMARKS.md, eighth set).
+        inverse_lp = _chunk_inverse(k, b, gc, BT, DOT_PRECISION, INVERSE_PRECISION).to(dtype)
         v_first = tl.load(v_chunk + _tile(rows, tl.arange(0, BV), HV * V),
                           mask=in_chunk[:, None] & (tl.arange(0, BV)[None, :] < V), other=0.0)
-        if dtype == tl.float32:
-            # Nothing to round in fp32: k and v take the scales (as in kernels._chunk_inverse).
-            w = tl.dot(inverse, k * (b * tl.exp(gc))[:, None], input_precision=DOT_PRECISION)
-            inverse_b = inverse
-        else:
-            w = tl.dot((inverse * (b * tl.exp(gc))[None, :]).to(dtype), k, input_precision=DOT_PRECISION)
-            inverse_b = (inverse * b[None, :]).to(dtype)
+        kbg = (k.to(tl.float32) * (b * tl.exp(gc))[:, None]).to(dtype)
+        w = tl.dot(inverse_lp, kbg, input_precision=DOT_PRECISION)
         tl.store(W_ptr + row_of * K + _tile(rows, k_cols, HV * K), w.to(W_ptr.dtype.element_ty), mask=k_mask)
 
         # A non-finite v row also ends the chunk's valid rows (the scales below need the final row).
@@ -101,11 +95,8 @@ def gdn_prepare_kernel(
             v_mask = in_chunk[:, None] & (v_cols[None, :] < V)
             v = v_first if i_v == 0 else tl.load(v_chunk + _tile(rows, v_cols, HV * V), mask=v_mask, other=0.0)
             first_bad = tl.minimum(first_bad, tl.min(tl.where(_bad_rows(v), rows, BT), axis=0))
-            if first_bad < BT:  # rare
-                v = tl.where((rows < first_bad)[:, None], v, 0.0)
-            if dtype == tl.float32:
-                v = v * b[:, None]
-            u = tl.dot(inverse_b, v, input_precision=DOT_PRECISION)
+            vb = tl.where((rows < first_bad)[:, None], v.to(tl.float32) * b[:, None], 0.0).to(dtype)
+            u = tl.dot(inverse_lp, vb, input_precision=DOT_PRECISION)
             tl.store(u_chunk + _tile(rows, v_cols, HV * V), u.to(U_ptr.dtype.element_ty), mask=v_mask)
         keep = rows < first_bad
 

@@ -119,7 +119,7 @@ def test_triton_varlen_sequences_split_independently() -> None:
 
 def _nan_causality(run, device: str, positions, dtype: torch.dtype = torch.float32) -> None:
     """A non-finite input at token t: outputs before t stay finite, and t (k/v/g/beta: onwards) is NaN.
-    16-bit inputs take their own path through the prepare pass (beta and the gates in the inverse's columns)."""
+    16-bit inputs are checked after the bf16/fp16 loads, before the products round anything."""
     for name in ("q", "k", "v", "g", "beta"):
         for t in positions:
             inputs = dict(zip(["q", "k", "v", "g", "beta"], make_inputs(1, 130, 1, 1, 32, 32, dtype, device=device),
