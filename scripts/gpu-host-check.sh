@@ -5,14 +5,16 @@
 #   [STEPS="tests suites bench accuracy large-index"] scripts/gpu-host-check.sh OUT_DIR [pytest args...]
 # STEPS picks which of them run (all by default); each has its own timeout (*_TIMEOUT, seconds);
 # BENCH_ARGS goes to the benchmarks (e.g. "--only gdn --case T32768"), ACCURACY_ARGS to the GDN
-# accuracy check (e.g. "--case H2/8"). The GDN GPU tests take minutes one by one: with pytest-xdist,
+# accuracy check (e.g. "--case H2/8"). With AB_BASE set (a git revision), step "ab" runs first: the GDN
+# A/B of the working tree against that revision (python -m benchmarks.ab_rounds; AB_ARGS e.g.
+# "--rounds 3 --case T32768"). The GDN GPU tests take minutes one by one: with pytest-xdist,
 # pass "-p no:benchmark -n 4" (pytest-benchmark refuses to run beside xdist).
 set -uo pipefail
 out=${1:-build/gpu-check}
 shift || true
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-steps=" ${STEPS:-tests suites bench accuracy large-index} "
+steps=" ${STEPS:-${AB_BASE:+ab }tests suites bench accuracy large-index} "
 step() { echo "== $1 ($(date -u +%H:%M:%S))"; }
 wanted() { [[ $steps == *" $1 "* ]]; }
 
@@ -20,6 +22,12 @@ step "build the CUDA extension (TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0
 POLYKERNELS_BACKEND=cuda TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} \
   python3 setup.py -q build_ext --inplace >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
+
+if wanted ab; then
+  step "A/B against ${AB_BASE:?set AB_BASE to the git revision to compare with}"
+  timeout "${AB_TIMEOUT:-600}" python3 -m benchmarks.ab_rounds "$AB_BASE" --out "$out/ab" ${AB_ARGS:-} 2>&1 \
+    | tee "$out/ab.log" | tail -20
+fi
 
 if wanted tests; then
   step "GPU tests"

@@ -1,0 +1,128 @@
+"""python -m benchmarks.ab_rounds BASE [--rounds N] [--case TEXT] [--out DIR]: the working tree against a commit.
+
+A kernel change lands on an A/B run on the GPU (README, "Changing a kernel"): the tree before it and
+the tree after it, on the same GPU, alternating, two rounds at least. This runs one: BASE (any git
+revision) is checked out into a worktree of its own, then ``benchmarks.gdn_ab`` runs base, change,
+base, change, ... each in its own process (the first base run saves its outputs, every later run is
+compared with them). The table gives each shape's GPU ms for both trees (lowest and highest over
+the rounds), the change in percent of the base's best, and how far the change's outputs moved.
+Raw rows go to DIR/rows.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+GPU_MS = " GPU ms"
+
+
+@dataclass(frozen=True)
+class ShapeResult:
+    shape: str
+    base_ms: tuple[float, float]  # lowest, highest over the rounds
+    change_ms: tuple[float, float]
+    largest_output_difference: float  # max |d o| and |d state| of the change's runs against the base's outputs
+
+    @property
+    def change_percent(self) -> float:
+        """The change's best against the base's best: negative is faster."""
+        return 100.0 * (self.change_ms[0] / self.base_ms[0] - 1.0)
+
+
+def summarize(rows: Sequence[dict], base: str = "base", change: str = "change") -> list[ShapeResult]:
+    """Per shape, the GPU ms of the rows labelled ``base-*`` and ``change-*`` (gdn_ab's JSON rows)."""
+    def of(tree: str) -> list[dict]:
+        picked = [row for row in rows if row["label"].rsplit("-", 1)[0] == tree]
+        if not picked:
+            raise ValueError(f"no rows labelled {tree}-<round> among {[row['label'] for row in rows]}")
+        return picked
+
+    base_rows, change_rows = of(base), of(change)
+    results = []
+    for key in (key for key in base_rows[0] if key.endswith(GPU_MS)):
+        shape = key.removesuffix(GPU_MS)
+        base_ms = [row[key] for row in base_rows]
+        change_ms = [row[key] for row in change_rows if key in row]
+        if not change_ms:
+            raise ValueError(f"the change's rows have no {key!r}: were both trees run with the same --case?")
+        moved = max((value for row in change_rows for name, value in row.items()
+                     if name.startswith(shape + " max|d")), default=0.0)
+        results.append(ShapeResult(shape, (min(base_ms), max(base_ms)), (min(change_ms), max(change_ms)), moved))
+    return results
+
+
+def table(results: Sequence[ShapeResult]) -> str:
+    lines = ["| shape | base GPU ms | change GPU ms | change | largest output difference |",
+             "|---|---:|---:|---:|---:|"]
+    for result in results:
+        lines.append(f"| {result.shape} | {_span(result.base_ms)} | {_span(result.change_ms)} | "
+                     f"{result.change_percent:+.1f}% | {result.largest_output_difference:.3g} |")
+    return "\n".join(lines)
+
+
+def _span(values: tuple[float, float]) -> str:
+    low, high = values
+    return f"{low:.3f}" if low == high else f"{low:.3f}-{high:.3f}"
+
+
+def checkout(revision: str, folder: Path) -> Path:
+    """A detached worktree of ``revision`` at ``folder`` (replaced if there); returns its source folder."""
+    if folder.exists():
+        subprocess.run(["git", "worktree", "remove", "--force", str(folder)], cwd=REPOSITORY, check=True)
+    subprocess.run(["git", "worktree", "add", "--detach", str(folder), revision], cwd=REPOSITORY, check=True,
+                   stdout=subprocess.DEVNULL)
+    return folder / "src"
+
+
+def run_tree(label: str, source: Path, outputs: Path, save: bool, cases: Sequence[str]) -> dict:
+    """One ``benchmarks.gdn_ab`` run of the tree whose package is under ``source``, in its own process
+    (the benchmarks themselves come from this repository)."""
+    path = os.pathsep.join(filter(None, [str(source), str(REPOSITORY), os.environ.get("PYTHONPATH")]))
+    command = [sys.executable, "-m", "benchmarks.gdn_ab", label, "--save" if save else "--compare", str(outputs)]
+    command += [argument for case in cases for argument in ("--case", case)]
+    done = subprocess.run(command, check=False, env={**os.environ, "PYTHONPATH": path}, cwd=REPOSITORY,
+                          capture_output=True, text=True)
+    rows = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not rows:
+        raise RuntimeError(f"{label}: benchmarks.gdn_ab failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(rows[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.ab_rounds", description=__doc__.split("\n\n")[1])
+    parser.add_argument("base", help="the git revision the working tree is compared with (e.g. HEAD~1, main)")
+    parser.add_argument("--rounds", type=int, default=2, help="base/change pairs, alternating (default 2)")
+    parser.add_argument("--case", action="append", default=[], help="only the shapes whose name contains this text")
+    parser.add_argument("--out", type=Path, default=REPOSITORY / "build" / "ab")
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
+
+    args.out = args.out.resolve()  # git and the runs work from the repository's root
+    args.out.mkdir(parents=True, exist_ok=True)
+    base_source = checkout(args.base, args.out / "base-tree")
+    rows = []
+    with (args.out / "rows.jsonl").open("w") as raw:
+        for round_number in range(1, args.rounds + 1):
+            for tree, source in (("base", base_source), ("change", REPOSITORY / "src")):
+                save = tree == "base" and round_number == 1
+                row = run_tree(f"{tree}-{round_number}", source, args.out / "outputs", save, args.case)
+                rows.append(row)
+                raw.write(json.dumps(row) + "\n")
+                raw.flush()
+                print(f"{row['label']}: {row['seconds']} s", file=sys.stderr, flush=True)
+    print(f"base {args.base} against the working tree, {args.rounds} rounds on {rows[0]['device']}:")
+    print(table(summarize(rows)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

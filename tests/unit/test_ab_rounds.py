@@ -1,0 +1,53 @@
+"""benchmarks.ab_rounds: the summary of an A/B run's rows (gdn_ab's JSON rows, as a GPU run writes them)."""
+
+from __future__ import annotations
+
+import pytest
+from benchmarks.ab_rounds import main, summarize, table
+
+
+def _row(label: str, ms: float, moved: float = 0.0) -> dict:
+    return {"label": label, "device": "GPU", "B1 T32768 H32/32 max|do|": moved,
+            "B1 T32768 H32/32 max|dstate|": moved / 2, "B1 T32768 H32/32 GPU ms": ms,
+            "B1 T32768 H32/32 eager ms": ms + 0.01, "varlen 8x1024 H2/8 GPU ms": ms / 10, "seconds": 10.0}
+
+
+def test_the_summary_compares_each_trees_best_and_keeps_the_spread() -> None:
+    rows = [_row("base-1", 1.613), _row("change-1", 1.423, 0.0078), _row("base-2", 1.615), _row("change-2", 1.424)]
+    first, second = summarize(rows)
+    assert first.shape == "B1 T32768 H32/32"
+    assert first.base_ms == (1.613, 1.615) and first.change_ms == (1.423, 1.424)
+    assert first.change_percent == pytest.approx(100 * (1.423 / 1.613 - 1))
+    assert first.largest_output_difference == pytest.approx(0.0078)
+    assert second.shape == "varlen 8x1024 H2/8" and second.largest_output_difference == 0.0
+    text = table([first, second])
+    assert "| B1 T32768 H32/32 | 1.613-1.615 | 1.423-1.424 | -11.8% | 0.0078 |" in text
+
+
+def test_a_slower_change_shows_a_positive_change() -> None:
+    (result, _) = summarize([_row("base-1", 1.0), _row("change-1", 1.25)])
+    assert result.change_percent == pytest.approx(25.0)
+
+
+def test_missing_rows_are_named() -> None:
+    with pytest.raises(ValueError, match="no rows labelled change"):
+        summarize([_row("base-1", 1.0)])
+    without_shape = _row("change-1", 1.0)
+    del without_shape["varlen 8x1024 H2/8 GPU ms"]
+    with pytest.raises(ValueError, match="same --case"):
+        summarize([_row("base-1", 1.0), without_shape])
+
+
+def test_rounds_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["HEAD", "--rounds", "0"])
+    assert "--rounds must be at least 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.cpu_only
+def test_a_tree_whose_run_fails_is_reported_with_its_error(tmp_path) -> None:
+    # On a host without a GPU gdn_ab itself fails (it times CUDA calls): the failure must surface.
+    from benchmarks.ab_rounds import REPOSITORY, run_tree
+
+    with pytest.raises(RuntimeError, match=r"base-1: benchmarks.gdn_ab failed \(exit [1-9]"):
+        run_tree("base-1", REPOSITORY / "src", tmp_path / "outputs", True, ["T32768"])
