@@ -5,8 +5,9 @@ the tree after it, on the same GPU, alternating, two rounds at least. This runs 
 revision) is checked out into a worktree of its own, then ``benchmarks.gdn_ab`` runs base, change,
 base, change, ... each in its own process (the first base run saves its outputs, every later run is
 compared with them). The table gives each shape's GPU ms for both trees (lowest and highest over
-the rounds), the change in percent of the base's best, and how far the change's outputs moved.
-Raw rows go to DIR/rows.jsonl.
+the rounds), the change in percent of the base's best, how far the change's outputs moved, and each
+kernel's best us in both trees (torch.profiler): a change that slows one pass shows there. Raw rows
+go to DIR/rows.jsonl.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 GPU_MS = " GPU ms"
+KERNEL_US = " us"  # gdn_ab's torch.profiler columns: "<shape> <kernel> us"
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,7 @@ class ShapeResult:
     base_ms: tuple[float, float]  # lowest, highest over the rounds
     change_ms: tuple[float, float]
     largest_output_difference: float  # max |d o| and |d state| of the change's runs against the base's outputs
+    kernel_us: dict[str, tuple[float | None, float | None]]  # kernel -> (base's best, change's best)
 
     @property
     def change_percent(self) -> float:
@@ -55,17 +58,39 @@ def summarize(rows: Sequence[dict], base: str = "base", change: str = "change") 
             raise ValueError(f"the change's rows have no {key!r}: were both trees run with the same --case?")
         moved = max((value for row in change_rows for name, value in row.items()
                      if name.startswith(shape + " max|d")), default=0.0)
-        results.append(ShapeResult(shape, (min(base_ms), max(base_ms)), (min(change_ms), max(change_ms)), moved))
+        results.append(ShapeResult(shape, (min(base_ms), max(base_ms)), (min(change_ms), max(change_ms)), moved,
+                                   _kernel_us(shape, base_rows, change_rows)))
     return results
 
 
+def _kernel_us(shape: str, base_rows: Sequence[dict], change_rows: Sequence[dict]) -> dict:
+    """Each kernel's best us at this shape in either tree (a kernel only one tree launches has None in the other)."""
+    def best(rows: Sequence[dict]) -> dict[str, float]:
+        found: dict[str, float] = {}
+        for row in rows:
+            for name, value in row.items():
+                if name.startswith(shape + " ") and name.endswith(KERNEL_US):
+                    kernel = name.removeprefix(shape + " ").removesuffix(KERNEL_US)
+                    found[kernel] = min(value, found.get(kernel, value))
+        return found
+
+    base, change = best(base_rows), best(change_rows)
+    return {kernel: (base.get(kernel), change.get(kernel)) for kernel in sorted(base.keys() | change.keys())}
+
+
 def table(results: Sequence[ShapeResult]) -> str:
-    lines = ["| shape | base GPU ms | change GPU ms | change | largest output difference |",
-             "|---|---:|---:|---:|---:|"]
+    lines = ["| shape | base GPU ms | change GPU ms | change | largest output difference | kernel us |",
+             "|---|---:|---:|---:|---:|---|"]
     for result in results:
+        kernels = ", ".join(f"{kernel} {_us(base)} -> {_us(change)}"
+                            for kernel, (base, change) in result.kernel_us.items())
         lines.append(f"| {result.shape} | {_span(result.base_ms)} | {_span(result.change_ms)} | "
-                     f"{result.change_percent:+.1f}% | {result.largest_output_difference:.3g} |")
+                     f"{result.change_percent:+.1f}% | {result.largest_output_difference:.3g} | {kernels} |")
     return "\n".join(lines)
+
+
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
 
 
 def _span(values: tuple[float, float]) -> str:

@@ -9,7 +9,8 @@ from benchmarks.ab_rounds import main, summarize, table
 def _row(label: str, ms: float, moved: float = 0.0) -> dict:
     return {"label": label, "device": "GPU", "B1 T32768 H32/32 max|do|": moved,
             "B1 T32768 H32/32 max|dstate|": moved / 2, "B1 T32768 H32/32 GPU ms": ms,
-            "B1 T32768 H32/32 eager ms": ms + 0.01, "varlen 8x1024 H2/8 GPU ms": ms / 10, "seconds": 10.0}
+            "B1 T32768 H32/32 eager ms": ms + 0.01, "varlen 8x1024 H2/8 GPU ms": ms / 10, "seconds": 10.0,
+            "B1 T32768 H32/32 gdn_prepare_kernel us": ms * 550, f"B1 T32768 H32/32 {label[:4]}_only_kernel us": 7.0}
 
 
 def test_the_summary_compares_each_trees_best_and_keeps_the_spread() -> None:
@@ -20,8 +21,12 @@ def test_the_summary_compares_each_trees_best_and_keeps_the_spread() -> None:
     assert first.change_percent == pytest.approx(100 * (1.423 / 1.613 - 1))
     assert first.largest_output_difference == pytest.approx(0.0078)
     assert second.shape == "varlen 8x1024 H2/8" and second.largest_output_difference == 0.0
+    assert first.kernel_us == {"base_only_kernel": (7.0, None), "chan_only_kernel": (None, 7.0),
+                               "gdn_prepare_kernel": (pytest.approx(1.613 * 550), pytest.approx(1.423 * 550))}
+    assert second.kernel_us == {}
     text = table([first, second])
-    assert "| B1 T32768 H32/32 | 1.613-1.615 | 1.423-1.424 | -11.8% | 0.0078 |" in text
+    assert ("| B1 T32768 H32/32 | 1.613-1.615 | 1.423-1.424 | -11.8% | 0.0078 | base_only_kernel 7 -> -, "
+            "chan_only_kernel - -> 7, gdn_prepare_kernel 887 -> 783 |") in text
 
 
 def test_a_slower_change_shows_a_positive_change() -> None:
