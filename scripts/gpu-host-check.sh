@@ -44,7 +44,7 @@ fi
 if wanted bench; then
   step "benchmarks"
   # What `nox -s bench` runs, without needing nox on the GPU host.
-  timeout "${BENCH_TIMEOUT:-240}" python3 -m benchmarks.run --out "$out" ${BENCH_ARGS:-} 2>&1 \
+  timeout "${BENCH_TIMEOUT:-360}" python3 -m benchmarks.run --out "$out" ${BENCH_ARGS:-} 2>&1 \
     | tee "$out/bench.log" | tail -40
 fi
 
