@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -40,7 +41,7 @@ class ShapeResult:
         return 100.0 * (self.change_ms[0] / self.base_ms[0] - 1.0)
 
 
-def summarize(rows: Sequence[dict], base: str = "base", change: str = "change") -> list[ShapeResult]:
+def summarize(rows: Sequence[dict]) -> list[ShapeResult]:
     """Per shape, the GPU ms of the rows labelled ``base-*`` and ``change-*`` (gdn_ab's JSON rows)."""
     def of(tree: str) -> list[dict]:
         picked = [row for row in rows if row["label"].rsplit("-", 1)[0] == tree]
@@ -48,7 +49,7 @@ def summarize(rows: Sequence[dict], base: str = "base", change: str = "change") 
             raise ValueError(f"no rows labelled {tree}-<round> among {[row['label'] for row in rows]}")
         return picked
 
-    base_rows, change_rows = of(base), of(change)
+    base_rows, change_rows = of("base"), of("change")
     results = []
     for key in (key for key in base_rows[0] if key.endswith(GPU_MS)):
         shape = key.removesuffix(GPU_MS)
@@ -100,8 +101,9 @@ def _span(values: tuple[float, float]) -> str:
 
 def checkout(revision: str, folder: Path) -> Path:
     """A detached worktree of ``revision`` at ``folder`` (replaced if there); returns its source folder."""
-    if folder.exists():
-        subprocess.run(["git", "worktree", "remove", "--force", str(folder)], cwd=REPOSITORY, check=True)
+    if folder.exists():  # an earlier run's worktree, or what is left of one whose registration was pruned
+        shutil.rmtree(folder)
+    subprocess.run(["git", "worktree", "prune"], cwd=REPOSITORY, check=True)
     subprocess.run(["git", "worktree", "add", "--detach", str(folder), revision], cwd=REPOSITORY, check=True,
                    stdout=subprocess.DEVNULL)
     return folder / "src"
