@@ -2,7 +2,9 @@
 
 A kernel change lands on an A/B run on the GPU (README, "Changing a kernel"): the tree before it and
 the tree after it, on the same GPU, alternating, two rounds at least. This runs one: BASE (any git
-revision) is checked out into a worktree of its own, then ``benchmarks.gdn_ab`` runs base, change,
+revision) is checked out into a worktree of its own, or BASE is a folder that already holds the
+tree (``git archive REV src | tar -x -C FOLDER``: a GPU host given a copy of the files and not the
+repository's history), then ``benchmarks.gdn_ab`` runs base, change,
 base, change, ... each in its own process (the first base run saves its outputs, every later run is
 compared with them). The table gives each shape's GPU ms for both trees (lowest and highest over
 the rounds), the change in percent of the base's best, how far the change's outputs moved, and each
@@ -109,6 +111,17 @@ def checkout(revision: str, folder: Path) -> Path:
     return folder / "src"
 
 
+def base_source(base: str, folder: Path) -> Path:
+    """BASE's package folder: a folder holding a tree (with ``src/polykernels``) as it is, else a
+    git revision checked out into ``folder``."""
+    given = Path(base)
+    if (given / "src" / "polykernels").is_dir():
+        return given.resolve() / "src"
+    if given.exists():
+        raise ValueError(f"BASE {base!r} is a folder without src/polykernels: not a tree of this repository")
+    return checkout(base, folder)
+
+
 def run_tree(label: str, source: Path, outputs: Path, save: bool, cases: Sequence[str]) -> dict:
     """One ``benchmarks.gdn_ab`` run of the tree whose package is under ``source``, in its own process
     (the benchmarks themselves come from this repository)."""
@@ -125,7 +138,8 @@ def run_tree(label: str, source: Path, outputs: Path, save: bool, cases: Sequenc
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ab_rounds", description=__doc__.split("\n\n")[1])
-    parser.add_argument("base", help="the git revision the working tree is compared with (e.g. HEAD~1, main)")
+    parser.add_argument("base", help="the git revision the working tree is compared with (e.g. HEAD~1, main), "
+                                         "or a folder holding that tree's src/")
     parser.add_argument("--rounds", type=int, default=2, help="base/change pairs, alternating (default 2)")
     parser.add_argument("--case", action="append", default=[], help="only the shapes whose name contains this text")
     parser.add_argument("--out", type=Path, default=REPOSITORY / "build" / "ab")
@@ -135,11 +149,14 @@ def main(argv: list[str] | None = None) -> int:
 
     args.out = args.out.resolve()  # git and the runs work from the repository's root
     args.out.mkdir(parents=True, exist_ok=True)
-    base_source = checkout(args.base, args.out / "base-tree")
+    try:
+        base = base_source(args.base, args.out / "base-tree")
+    except ValueError as error:
+        parser.error(str(error))
     rows = []
     with (args.out / "rows.jsonl").open("w") as raw:
         for round_number in range(1, args.rounds + 1):
-            for tree, source in (("base", base_source), ("change", REPOSITORY / "src")):
+            for tree, source in (("base", base), ("change", REPOSITORY / "src")):
                 save = tree == "base" and round_number == 1
                 row = run_tree(f"{tree}-{round_number}", source, args.out / "outputs", save, args.case)
                 rows.append(row)

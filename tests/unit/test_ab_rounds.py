@@ -56,3 +56,17 @@ def test_a_tree_whose_run_fails_is_reported_with_its_error(tmp_path) -> None:
 
     with pytest.raises(RuntimeError, match=r"base-1: benchmarks.gdn_ab failed \(exit [1-9]"):
         run_tree("base-1", REPOSITORY / "src", tmp_path / "outputs", True, ["T32768"])
+
+
+def test_a_folder_holding_a_tree_is_the_base_as_it_is(tmp_path) -> None:
+    from benchmarks.ab_rounds import base_source
+
+    (tmp_path / "tree" / "src" / "polykernels").mkdir(parents=True)
+    assert base_source(str(tmp_path / "tree"), tmp_path / "unused") == (tmp_path / "tree" / "src").resolve()
+    assert not (tmp_path / "unused").exists()
+
+
+def test_a_folder_that_is_not_a_tree_is_refused(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "--out", str(tmp_path / "out")])
+    assert "without src/polykernels" in capsys.readouterr().err
