@@ -15,7 +15,7 @@ by a profiler) takes Triton's own path.
 from __future__ import annotations
 
 import functools
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -58,7 +58,7 @@ class Launcher:
         from triton.runtime.jit import JITFunction
 
         self.kernel = kernel
-        self._compiled: dict[tuple, tuple[Any, tuple]] = {}
+        self._compiled: dict[tuple, Callable[..., None]] = {}
         # Under TRITON_INTERPRET=1 (the CPU tests) kernels are interpreted functions: no cache.
         self._interpreted = not isinstance(kernel, JITFunction)
 
@@ -73,16 +73,14 @@ class Launcher:
             return
         device = torch._C._cuda_getDevice()
         key = (device, _SPEC, spec_key) if spec_key is not None else (device, *meta.values(), _args_key(args))
-        entry = self._compiled.get(key)
-        if entry is not None and _no_hooks():
-            compiled, constexpr_tail = entry
+        direct = self._compiled.get(key)
+        if direct is not None and _no_hooks():
             grid3 = (*grid, 1, 1)
-            compiled.run(grid3[0], grid3[1], grid3[2], torch._C._cuda_getCurrentRawStream(device), compiled.function,
-                         compiled.packed_metadata, None, None, None, *args, *constexpr_tail)
+            direct(grid3[0], grid3[1], grid3[2], torch._C._cuda_getCurrentRawStream(device), args)
             return
         compiled = self._launch_fitting(grid, args, meta)
         if _is_compiled(compiled):
-            self._compiled[key] = (compiled, self._constexpr_tail(len(args), meta))
+            self._compiled[key] = _direct_launch(compiled, self._constexpr_tail(len(args), meta))
 
     def _launch_fitting(self, grid: tuple[int, ...], args: Sequence[object], meta: Mapping[str, object]) -> Any:
         """``kernel[grid](...)``, one pipeline stage fewer while the device's shared memory cannot
@@ -106,6 +104,33 @@ class Launcher:
         if positions and positions[0] < num_args:
             raise RuntimeError(f"{self.kernel.fn.__name__}: constexpr parameters must come after the runtime ones")
         return tuple(meta[names[i]] for i in positions)
+
+
+def _direct_launch(compiled: Any, constexpr_tail: tuple) -> Callable[..., None]:
+    """``call(grid_x, grid_y, grid_z, stream, args)`` for one compiled kernel.
+
+    On CUDA, when the kernel needs no scratch memory, the call goes straight to the launcher's C
+    function (its Python wrapper allocates scratch per call) with tensors passed as their addresses:
+    for a tensor the C function asks the driver whether the pointer is a device pointer
+    (``cuPointerGetAttribute``), one driver call per tensor per launch, for an address it does not.
+    The public ops have already checked every tensor's device. Any other launcher (HIP's, a Triton
+    release with other fields) takes ``compiled.run``, which does all of that itself.
+    """
+    run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
+    launch = getattr(run, "launch", None)
+    direct = (type(run).__name__ == "CudaLauncher" and launch is not None
+              and getattr(run, "global_scratch_size", 1) == 0 and getattr(run, "profile_scratch_size", 1) == 0)
+    if direct:
+        flags = (run.launch_cooperative_grid, run.launch_pdl, None, None)
+
+        def call(grid_x: int, grid_y: int, grid_z: int, stream: int, args: Sequence[object]) -> None:
+            launch(grid_x, grid_y, grid_z, stream, function, *flags, metadata, None, None, None,
+                   *[arg.data_ptr() if type(arg) is torch.Tensor else arg for arg in args], *constexpr_tail)
+    else:
+        def call(grid_x: int, grid_y: int, grid_z: int, stream: int, args: Sequence[object]) -> None:
+            run(grid_x, grid_y, grid_z, stream, function, metadata, None, None, None, *args, *constexpr_tail)
+
+    return call
 
 
 def fewer_stages(options: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -123,3 +123,52 @@ def test_gated_delta_rule_spec_keys_decide_the_specialization(monkeypatch: pytes
         launch.launch_chunk_gated_delta_rule(q, k, v, g, beta, key_dim**-0.5, h0, final, cu, True, segments)
     for name in ("prepare", "recurrence", "combine", "plan"):
         _assert_spec_keys_decide_the_specialization(getattr(recorders, name).calls)
+
+
+class CudaLauncher:
+    """Stands for Triton 3.6's CUDA launcher (matched by class name): records what its C function gets."""
+
+    def __init__(self, scratch: int = 0) -> None:
+        self.global_scratch_size, self.profile_scratch_size = scratch, 0
+        self.launch_cooperative_grid, self.launch_pdl = False, True
+        self.c_calls: list[tuple] = []
+        self.python_calls: list[tuple] = []
+        self.launch = lambda *args: self.c_calls.append(args)
+
+    def __call__(self, *args: object) -> None:
+        self.python_calls.append(args)
+
+
+def _compiled(run: object) -> SimpleNamespace:
+    return SimpleNamespace(run=run, function=1234, packed_metadata=(4, 1, 0))
+
+
+def test_the_cuda_launch_passes_tensors_as_addresses_to_the_c_function() -> None:
+    from polykernels._launch import _direct_launch
+
+    run = CudaLauncher()
+    x = torch.arange(4.0)
+    _direct_launch(_compiled(run), (64, True))(3, 1, 1, 77, (x, None, 5, 0.5))
+    assert run.python_calls == []
+    assert run.c_calls == [(3, 1, 1, 77, 1234, False, True, None, None, (4, 1, 0), None, None, None,
+                            x.data_ptr(), None, 5, 0.5, 64, True)]
+
+
+class _OtherLauncher:
+    """A launcher of another backend or release (HIP's, say): only its own call is known."""
+
+    def __init__(self) -> None:
+        self.python_calls: list[tuple] = []
+
+    def __call__(self, *args: object) -> None:
+        self.python_calls.append(args)
+
+
+@pytest.mark.parametrize("make", [lambda: CudaLauncher(scratch=256), _OtherLauncher], ids=["scratch", "other"])
+def test_any_other_launch_goes_through_the_launchers_own_call(make: Callable[[], object]) -> None:
+    from polykernels._launch import _direct_launch
+
+    run = make()
+    x = torch.arange(4.0)
+    _direct_launch(_compiled(run), (64,))(2, 1, 1, 77, (x, 5))
+    assert run.python_calls == [(2, 1, 1, 77, 1234, (4, 1, 0), None, None, None, x, 5, 64)]
