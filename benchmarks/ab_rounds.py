@@ -4,12 +4,11 @@ A kernel change lands on an A/B run on the GPU (README, "Changing a kernel"): th
 the tree after it, on the same GPU, alternating, two rounds at least. This runs one: BASE (any git
 revision) is checked out into a worktree of its own, or BASE is a folder that already holds the
 tree (``git archive REV src | tar -x -C FOLDER``: a GPU host given a copy of the files and not the
-repository's history), then ``benchmarks.gdn_ab`` runs base, change,
-base, change, ... each in its own process (the first base run saves its outputs, every later run is
-compared with them). The table gives each shape's GPU ms for both trees (lowest and highest over
-the rounds), the change in percent of the base's best, how far the change's outputs moved, and each
-kernel's best us in both trees (torch.profiler): a change that slows one pass shows there. Raw rows
-go to DIR/rows.jsonl.
+repository's history), then ``benchmarks.gdn_ab`` runs base, change, base, change, ... each in its
+own process (the first base run saves its outputs, every later run is compared with them). The
+table gives each shape's GPU ms for both trees (lowest and highest over the rounds), the change in
+percent of the base's best, how far the change's outputs moved, and each kernel's best us in both
+trees (torch.profiler): a change that slows one pass shows there. Raw rows go to DIR/rows.jsonl.
 """
 
 from __future__ import annotations

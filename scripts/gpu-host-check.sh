@@ -7,8 +7,9 @@
 # BENCH_ARGS goes to the benchmarks (e.g. "--only gdn --case T32768"), ACCURACY_ARGS to the GDN
 # accuracy check (e.g. "--case H2/8"). With AB_BASE set (a git revision, or a folder holding that
 # revision's tree), step "ab" runs first: the GDN A/B of the working tree against it
-# (python -m benchmarks.ab_rounds; AB_ARGS e.g. "--rounds 3 --case T32768"). The GDN GPU tests take minutes one by one: with pytest-xdist,
-# pass "-p no:benchmark -n 4" (pytest-benchmark refuses to run beside xdist).
+# (python -m benchmarks.ab_rounds; AB_ARGS e.g. "--rounds 3 --case T32768"). The GDN GPU tests take
+# minutes one by one: with pytest-xdist, pass "-p no:benchmark -n 4" (pytest-benchmark refuses to run
+# beside xdist).
 set -uo pipefail
 out=${1:-build/gpu-check}
 shift || true

@@ -57,7 +57,7 @@ def _copy_tile(smem, base, chunk_start, end, col0, col_limit, ROW_STRIDE: gl.con
     pointers = base + rows[:, None] * ROW_STRIDE + cols[None, :]
     if ROWS_IN and COLS_IN:
         async_copy.async_copy_global_to_shared(smem, pointers)
-    elif ROWS_IN:
+    elif ROWS_IN:  # the column mask, broadcast to the tile's shape
         async_copy.async_copy_global_to_shared(smem, pointers, (cols < col_limit)[None, :] & (rows >= 0)[:, None])
     else:
         mask = ((chunk_start + rows) < end)[:, None] & (cols < col_limit)[None, :]
@@ -138,7 +138,8 @@ def gdn_recurrence_hopper_kernel(
     cols_of: gl.constexpr = gl.SliceLayout(0, mma)
     dtype: gl.constexpr = W_ptr.dtype.element_ty
     OUTPUTS: gl.constexpr = not SEGMENT_STATE
-    U_COLS_IN: gl.constexpr = V % BV == 0 and OUTPUTS  # the transition columns read u = 0
+    # u's columns all lie inside V: no column mask (the transition programs mask all of theirs: u = 0).
+    U_COLS_IN: gl.constexpr = V % BV == 0 and OUTPUTS
 
     i_col = gl.program_id(0)
     i_s = gl.program_id(1).to(gl.int64)
