@@ -1,13 +1,16 @@
 """python -m benchmarks.run [--only int4|norm|gdn] [--case TEXT] [--out DIR]: time every row, write table + plot.
 
-Each row is appended to DIR/rows.jsonl as soon as it is measured, so a run cut short (a time limit
-on a lent GPU) keeps what it measured; ``--case`` (repeatable) runs the cases whose name contains
-the text, to split one family over several runs.
+Each row is appended to DIR/rows.jsonl as soon as it is measured (after one line describing the run:
+device, versions, copy roofline, launch floor), so a run cut short (a time limit on a lent GPU) keeps
+what it measured; ``--case`` (repeatable) runs the cases whose name contains the text, to split one
+family over several runs. ``--render DIR [DIR ...]`` writes the table and plot from those logs
+instead of timing anything: one table from runs split by a time limit, on one device and versions.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from datetime import datetime, timezone
@@ -43,6 +46,12 @@ def run(families: list[str], device: str, cases: list[str] | None = None,
         rows_log: Path | None = None) -> dict[str, object]:
     copy = copy_bandwidth_gbs(device)
     floor = launch_floor_us(device)
+    about = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": torch.cuda.get_device_name(0),
+             "versions": versions(), "copy_gb_per_s": round(copy, 1), "launch_floor_host_us": round(floor, 1),
+             "command": "nox -s bench -- " + " ".join(sys.argv[1:])}
+    if rows_log is not None:
+        with rows_log.open("a") as log:
+            log.write(json.dumps({"run": about}) + "\n")
     rows = []
     for family in families:
         for case in FAMILIES[family](device):
@@ -78,15 +87,39 @@ def run(families: list[str], device: str, cases: list[str] | None = None,
                       f"graph {graph or float('nan'):8.4f} ms  host {host or float('nan'):6.1f} us {gbs:8.1f} GB/s",
                       flush=True)
             torch.cuda.empty_cache()
-    return {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(0),
-        "versions": versions(),
-        "copy_gb_per_s": round(copy, 1),
-        "launch_floor_host_us": round(floor, 1),
-        "command": "nox -s bench -- " + " ".join(sys.argv[1:]),
-        "rows": rows,
-    }
+    return {**about, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "rows": rows}
+
+
+_RUN_FIELDS = ("copy_gb_per_s", "launch_floor_host_us", "date")  # what each row line repeats of its run
+
+
+def render(logs: list[Path]) -> dict[str, object]:
+    """One result from the rows.jsonl of one or more runs (``run``'s logs), as ``run`` returns it.
+
+    The runs must share a device and versions: a table mixes no GPUs and no releases. Rows keep the
+    roofline percentages of their own run; the result lists every run (its date, roofline, launch
+    floor and command)."""
+    runs: list[dict] = []
+    rows: list[dict] = []
+    for log in logs:
+        lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        if not lines or "run" not in lines[0]:
+            raise ValueError(f"{log}: not a rows log of benchmarks.run (its first line describes the run)")
+        for line in lines:
+            if "run" in line:
+                runs.append(line["run"])
+            else:
+                rows.append({key: value for key, value in line.items() if key not in _RUN_FIELDS})
+    for field in ("device", "versions"):
+        seen = {json.dumps(run_[field], sort_keys=True) for run_ in runs}
+        if len(seen) > 1:
+            raise ValueError(f"the logs come from runs with different {field}: {sorted(seen)}")
+    if not rows:
+        raise ValueError(f"no rows measured in {[str(log) for log in logs]}")
+    return {"date": max(run_["date"] for run_ in runs), "device": runs[0]["device"], "versions": runs[0]["versions"],
+            "copy_gb_per_s": max(run_["copy_gb_per_s"] for run_ in runs),
+            "launch_floor_host_us": max(run_["launch_floor_host_us"] for run_ in runs),
+            "command": "; ".join(dict.fromkeys(run_["command"] for run_ in runs)), "runs": runs, "rows": rows}
 
 
 def _cell(value: object) -> str:
@@ -94,7 +127,11 @@ def _cell(value: object) -> str:
 
 
 def to_markdown(result: dict[str, object]) -> str:
-    lines = [
+    runs: list[dict] = list(result.get("runs") or [])  # type: ignore[call-overload]
+    split = [f"Rows from {len(runs)} runs on one device, each row's % of copy from its own run: "
+             + "; ".join(f"{run_['date']} (copy {run_['copy_gb_per_s']} GB/s, launch floor "
+                         f"{run_['launch_floor_host_us']} us)" for run_ in runs) + ".", ""] if len(runs) > 1 else []
+    lines = [*split,
         f"Measured {result['date']} on {result['device']}; versions {json.dumps(result['versions'])}; "
         f"copy roofline {result['copy_gb_per_s']} GB/s; host time of a one-kernel torch op "
         f"{result['launch_floor_host_us']} us (the launch floor); same run. Command: `{result['command']}`.",
@@ -138,16 +175,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=sorted(FAMILIES))
     parser.add_argument("--case", action="append", help="run only the cases whose name contains this text")
     parser.add_argument("--out", type=Path, default=Path("build/bench"))
+    parser.add_argument("--render", nargs="+", type=Path, metavar="DIR",
+                        help="write the table and plot from these runs' DIR/rows.jsonl; time nothing")
     args = parser.parse_args(argv)
+    if args.render:
+        try:
+            result = render([folder / "rows.jsonl" for folder in args.render])
+        except (OSError, ValueError) as error:
+            parser.error(str(error))
+        return _write(result, args.out)
     if not torch.cuda.is_available():
         print("bench needs a CUDA or ROCm GPU; torch sees none", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    result = run(args.only or list(FAMILIES), "cuda", args.case, args.out / "rows.jsonl")
-    (args.out / "results.json").write_text(json.dumps(result, indent=2))
-    (args.out / "results.md").write_text(to_markdown(result))
-    plot(result, args.out / "bandwidth.png")
-    print(f"wrote {args.out}/results.json, results.md, bandwidth.png")
+    return _write(run(args.only or list(FAMILIES), "cuda", args.case, args.out / "rows.jsonl"), args.out)
+
+
+def _write(result: dict[str, object], out: Path) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(result, indent=2))
+    (out / "results.md").write_text(to_markdown(result))
+    written = "results.json, results.md"
+    if importlib.util.find_spec("matplotlib") is not None:
+        plot(result, out / "bandwidth.png")
+        written += ", bandwidth.png"
+    else:  # a build host rendering fetched logs may lack it; the GPU host's bench has it
+        print("no bandwidth.png: matplotlib is not installed here", file=sys.stderr)
+    print(f"wrote {out}: {written}")
     return 0
 
 
