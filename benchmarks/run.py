@@ -178,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--render", nargs="+", type=Path, metavar="DIR",
                         help="write the table and plot from these runs' DIR/rows.jsonl; time nothing")
     args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
     if args.render:
         try:
             result = render([folder / "rows.jsonl" for folder in args.render])
@@ -187,12 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("bench needs a CUDA or ROCm GPU; torch sees none", file=sys.stderr)
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
     return _write(run(args.only or list(FAMILIES), "cuda", args.case, args.out / "rows.jsonl"), args.out)
 
 
 def _write(result: dict[str, object], out: Path) -> int:
-    out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(result, indent=2))
     (out / "results.md").write_text(to_markdown(result))
     written = "results.json, results.md"
