@@ -26,7 +26,8 @@ import torch
 
 
 class _NoLaunch:
-    def __call__(self, grid: tuple[int, ...], args: tuple, meta: dict, *, spec_key: object = None) -> None:
+    def __call__(self, grid: tuple[int, ...], args: tuple, meta: dict, *, spec_key: object = None,
+                 tensors: object = None) -> None:
         pass
 
 

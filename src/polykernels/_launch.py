@@ -63,13 +63,18 @@ class Launcher:
         self._interpreted = not isinstance(kernel, JITFunction)
 
     def __call__(self, grid: tuple[int, ...], args: Sequence[object], meta: Mapping[str, object], *,
-                 spec_key: Hashable | None = None) -> None:
+                 spec_key: Hashable | None = None, tensors: Callable[[], Sequence[object]] | None = None) -> None:
         """``spec_key``: the caller's own key for everything Triton specializes on in ``args`` and
         ``meta`` (every dtype, integer class, 16-byte alignment and constexpr must be a function of
         it), built from what the caller has at hand; without it the key is derived from every
-        argument, which costs microseconds per call."""
+        argument, which costs microseconds per call.
+
+        ``tensors``: for a caller that passes scratch memory as device addresses (ints) in
+        ``args``, the same arguments with tensor views in their place. The cached direct launch
+        takes addresses; Triton's own launch (a key's first call, the interpreter, launch hooks)
+        needs the tensors. Such a caller must pass ``spec_key``."""
         if self._interpreted:
-            self.kernel[grid](*args, **meta)
+            self.kernel[grid](*(tensors() if tensors is not None else args), **meta)
             return
         device = torch._C._cuda_getDevice()
         key = (device, _SPEC, spec_key) if spec_key is not None else (device, *meta.values(), _args_key(args))
@@ -78,6 +83,10 @@ class Launcher:
             grid3 = (*grid, 1, 1)
             direct(grid3[0], grid3[1], grid3[2], torch._C._cuda_getCurrentRawStream(device), args)
             return
+        if tensors is not None:
+            if spec_key is None:
+                raise ValueError("a launch whose arguments hold addresses (tensors=...) must pass spec_key")
+            args = tensors()
         compiled = self._launch_fitting(grid, args, meta)
         if _is_compiled(compiled):
             self._compiled[key] = _direct_launch(compiled, self._constexpr_tail(len(args), meta))

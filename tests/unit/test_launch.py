@@ -51,9 +51,11 @@ class _KeyRecorder:
     def __init__(self) -> None:
         self.calls: list[tuple[object, tuple]] = []
 
-    def __call__(self, grid: tuple[int, ...], args: tuple, meta: dict, *, spec_key: object = None) -> None:
+    def __call__(self, grid: tuple[int, ...], args: tuple, meta: dict, *, spec_key: object = None,
+                 tensors: Callable[[], tuple] | None = None) -> None:
         assert spec_key is not None, "every eager launch passes its spec_key"
-        self.calls.append((spec_key, (*meta.values(), _args_key(args))))
+        # What Triton specializes on: the tensors, where the call passes some as addresses.
+        self.calls.append((spec_key, (*meta.values(), _args_key(tensors() if tensors is not None else args))))
 
 
 def _assert_spec_keys_decide_the_specialization(calls: list[tuple[object, tuple]]) -> None:
@@ -123,6 +125,33 @@ def test_gated_delta_rule_spec_keys_decide_the_specialization(monkeypatch: pytes
         launch.launch_chunk_gated_delta_rule(q, k, v, g, beta, key_dim**-0.5, h0, final, cu, True, segments)
     for name in ("prepare", "recurrence", "combine", "plan"):
         _assert_spec_keys_decide_the_specialization(getattr(recorders, name).calls)
+
+
+class _RecordingKernel:
+    """Indexes and calls like a JITFunction (an interpreted one: not a JITFunction); records the arguments."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., str]:
+        return lambda *args, **meta: self.calls.append(args) or "launched"
+
+
+def test_an_interpreted_launch_gets_tensors_in_place_of_addresses() -> None:
+    kernel, view = _RecordingKernel(), torch.zeros(3)
+    Launcher(kernel)((1,), (view.data_ptr(), 5), {}, spec_key=1, tensors=lambda: (view, 5))
+    assert kernel.calls == [(view, 5)]
+
+
+def test_tritons_own_launch_gets_tensors_in_place_of_addresses(monkeypatch: pytest.MonkeyPatch) -> None:
+    kernel, view = _RecordingKernel(), torch.zeros(3)
+    launcher = Launcher(kernel)
+    launcher._interpreted = False  # as for a JITFunction on a GPU: the first call of a key is Triton's own
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    launcher((1,), (view.data_ptr(), 5), {"num_stages": 1}, spec_key=1, tensors=lambda: (view, 5))
+    assert kernel.calls == [(view, 5)]
+    with pytest.raises(ValueError, match="must pass spec_key"):
+        launcher((1,), (view.data_ptr(), 5), {"num_stages": 1}, tensors=lambda: (view, 5))
 
 
 class CudaLauncher:

@@ -15,6 +15,7 @@ from typing import NamedTuple
 import torch
 
 from polykernels import platform
+from polykernels._workspace import Layout
 from polykernels.gated_delta_rule import guards
 
 CHUNK = 64
@@ -186,42 +187,54 @@ def launch_chunk_gated_delta_rule(
                      RECURRENCE_LAUNCH[block_k], PREPARE_LAUNCH[max(block_k, PREPARE_MIN_BLOCK)],
                      tuple(HOPPER_STAGES.items()))
     run = _launchers()
-    if cu_seqlens is not None:
-        # Chunk and segment counts per sequence are computed on the GPU: no host round trip.
-        offsets = torch.empty(2, num_seqs + 1, dtype=torch.int64, device=device)
-        cu, chunk_offsets, seg_offsets = cu_seqlens, offsets[0], offsets[1]
-        run.plan((1,), (cu, chunk_offsets, seg_offsets, num_seqs, recipe.segment_chunks or WHOLE_SEQUENCE),
-                 recipe.plan_meta, spec_key=(recipe.spec, cu.data_ptr() & 15))
-    else:
-        cu = chunk_offsets = seg_offsets = _unused_offsets(device)
+    cu = cu_seqlens if cu_seqlens is not None else _unused_offsets(device)
     initial = initial_state.float().contiguous() if initial_state is not None else final
     if recipe.hopper and (q.data_ptr() | k.data_ptr()) & 15:
         # The Gluon pass copies q and k in 16-byte pieces: a view that starts off a 16-byte
         # boundary is copied first (fresh and contiguous tensors are aligned).
         q, k = q.clone(), k.clone()
-    held = _intermediates(batch * tokens, value_heads, key_dim, value_dim, q.dtype, device)
     # The launchers' spec_key: the recipe's (every integer argument and constexpr, the dtypes), then
-    # each caller tensor's 16-byte alignment (the rest are fresh allocations).
+    # each caller tensor's 16-byte alignment (the workspace's parts are aligned).
     spec = (recipe.spec, q.data_ptr() & 15, k.data_ptr() & 15, v.data_ptr() & 15, g.dtype, g.data_ptr() & 15,
             beta.dtype, beta.data_ptr() & 15, initial.data_ptr() & 15, cu.data_ptr() & 15)
-    run.prepare(recipe.prepare_grid, (q, k, v, g, beta, *held, cu, chunk_offsets, tokens, num_seqs,
-                                      recipe.chunks_per_seq, scale), recipe.prepare_meta, spec_key=spec)
-    chunk_tensors = (q, k, *held)
+
+    def arguments(scratch: _Scratch) -> _Arguments:
+        """Each launch's arguments, the workspace's parts as addresses or (Triton's own launch) as views."""
+        # Chunk and segment counts per packed sequence are computed on the GPU: no host round trip.
+        packed = cu_seqlens is not None
+        chunk_offsets, seg_offsets = (scratch.chunk_offsets, scratch.seg_offsets) if packed else (cu, cu)
+        prepared = scratch[:6]
+        segments = (cu, seg_offsets, tokens, num_seqs, recipe.segments_per_seq, recipe.segment_tokens)
+        h_init = scratch.h_init if recipe.segment_chunks else initial
+        return _Arguments(
+            plan=(cu, chunk_offsets, seg_offsets, num_seqs, recipe.segment_chunks or WHOLE_SEQUENCE),
+            prepare=(q, k, v, g, beta, *prepared, cu, chunk_offsets, tokens, num_seqs, recipe.chunks_per_seq, scale),
+            segment_state=(q, k, *prepared, final, final, o, scratch.h_local, scratch.transitions, *segments),
+            combine=(initial, scratch.h_local, scratch.transitions, scratch.h_init, cu, seg_offsets, num_seqs,
+                     recipe.segments_per_seq),
+            recurrence=(q, k, *prepared, h_init, final, o, final, final, *segments),
+        )
+
+    # Every intermediate lives in one allocation passed as addresses: one torch.empty, not up to nine.
+    workspace = recipe.workspace.allocate(device)
+    args = arguments(_Scratch(*recipe.workspace.addresses(workspace)))
+
+    def views() -> _Arguments:
+        return arguments(_Scratch(*recipe.workspace.views(workspace)))
+
+    if cu_seqlens is not None:
+        run.plan((1,), args.plan, recipe.plan_meta, spec_key=(recipe.spec, cu.data_ptr() & 15),
+                 tensors=lambda: views().plan)
+    run.prepare(recipe.prepare_grid, args.prepare, recipe.prepare_meta, spec_key=spec,
+                tensors=lambda: views().prepare)
     sequential = _hopper_launcher() if recipe.hopper else run.recurrence
-    segments = (cu, seg_offsets, tokens, num_seqs, recipe.segments_per_seq, recipe.segment_tokens)
-    h_init = initial
     if recipe.segment_chunks:
-        h_local = torch.empty(recipe.max_segments, value_heads, key_dim, value_dim, dtype=torch.float32,
-                              device=device)
-        transitions = torch.empty(recipe.max_segments, value_heads, key_dim, key_dim, dtype=torch.float32,
-                                  device=device)
-        sequential(recipe.segment_state_grid, (*chunk_tensors, final, final, o, h_local, transitions, *segments),
-                   recipe.segment_state_meta, spec_key=(spec, True))
-        h_init = torch.empty_like(h_local)
-        run.combine(recipe.combine_grid, (initial, h_local, transitions, h_init, cu, seg_offsets, num_seqs,
-                                          recipe.segments_per_seq), recipe.combine_meta, spec_key=spec)
-    sequential(recipe.recurrence_grid, (*chunk_tensors, h_init, final, o, final, final, *segments),
-               recipe.recurrence_meta, spec_key=(spec, False))
+        sequential(recipe.segment_state_grid, args.segment_state, recipe.segment_state_meta, spec_key=(spec, True),
+                   tensors=lambda: views().segment_state)
+        run.combine(recipe.combine_grid, args.combine, recipe.combine_meta, spec_key=spec,
+                    tensors=lambda: views().combine)
+    sequential(recipe.recurrence_grid, args.recurrence, recipe.recurrence_meta, spec_key=(spec, False),
+               tensors=lambda: views().recurrence)
     return o, final if output_final_state else None
 
 
@@ -246,6 +259,7 @@ class _Recipe:
     recurrence_grid: tuple[int, ...]
     recurrence_meta: dict[str, object]
     hopper: bool  # the sequential passes run hopper_kernels' Gluon kernel
+    workspace: Layout  # every intermediate (_Scratch)
 
 
 # Per class of call: deciding costs more host time than a launch. The key holds the launch-table
@@ -310,25 +324,47 @@ def _recipe(
         recurrence_meta={**recurrence, "HAS_INITIAL": has_initial or bool(segment_chunks), "SEGMENT_STATE": False,
                          "STORE_FINAL": output_final_state, **recurrence_tail},
         hopper=hopper,
+        workspace=_workspace(total, value_heads, key_dim, value_dim, dtype, num_seqs, varlen, max_segments,
+                             bool(segment_chunks)),
     )
 
 
-class _Intermediates(NamedTuple):
-    """What the prepare pass writes for the recurrence, in the kernels' argument order (a NamedTuple:
-    built on every call, for little host time)."""
+class _Scratch(NamedTuple):
+    """The workspace's parts (addresses, or views for Triton's own launch), in Layout order; the
+    first six are what the prepare pass writes for the sequential pass, in the kernels' order."""
 
-    w: torch.Tensor
-    u: torch.Tensor
-    scores: torch.Tensor  # P, chunk x chunk per chunk and head
-    q_scale: torch.Tensor
-    k_scale: torch.Tensor
-    decay: torch.Tensor
+    w: object
+    u: object
+    scores: object  # P, chunk x chunk per chunk and head
+    q_scale: object
+    k_scale: object
+    decay: object
+    chunk_offsets: object  # packed sequences only: first chunk of each sequence (the plan kernel's)
+    seg_offsets: object  # packed sequences only: first segment of each sequence
+    h_local: object  # cut sequences only: each segment's state from a zero start
+    transitions: object  # cut sequences only: each segment's K x K state transition
+    h_init: object  # cut sequences only: each segment's state at its start (the combine kernel's)
 
 
-def _intermediates(total: int, value_heads: int, key_dim: int, value_dim: int, dtype: torch.dtype,
-                   device: torch.device) -> _Intermediates:
-    row_scales = torch.empty(3, total, value_heads, dtype=torch.float32, device=device)  # q, k, decay
-    return _Intermediates(torch.empty(total, value_heads, key_dim, dtype=dtype, device=device),
-                          torch.empty(total, value_heads, value_dim, dtype=dtype, device=device),
-                          torch.empty(total, value_heads, CHUNK, dtype=dtype, device=device),
-                          row_scales[0], row_scales[1], row_scales[2])
+class _Arguments(NamedTuple):
+    plan: tuple
+    prepare: tuple
+    segment_state: tuple
+    combine: tuple
+    recurrence: tuple
+
+
+def _workspace(total: int, value_heads: int, key_dim: int, value_dim: int, dtype: torch.dtype, num_seqs: int,
+               varlen: bool, max_segments: int, segmented: bool) -> Layout:
+    """The parts of ``_Scratch``; those a class of call does not use are empty."""
+    offsets = (num_seqs + 1,) if varlen else (0,)
+    segments = max_segments if segmented else 0
+    return Layout.of([
+        ((total, value_heads, key_dim), dtype), ((total, value_heads, value_dim), dtype),
+        ((total, value_heads, CHUNK), dtype),
+        *[((total, value_heads), torch.float32)] * 3,  # the q, k and decay scales
+        (offsets, torch.int64), (offsets, torch.int64),
+        ((segments, value_heads, key_dim, value_dim), torch.float32),
+        ((segments, value_heads, key_dim, key_dim), torch.float32),
+        ((segments, value_heads, key_dim, value_dim), torch.float32),
+    ])
