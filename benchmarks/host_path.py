@@ -9,7 +9,8 @@ With ``--device cuda``: the bench's host column split into its parts at the benc
 timed as the bench does (calls issued while the GPU is busy): the public op, the launch function
 alone (no argument checks), the launch function with the kernel launches stubbed (Python and GPU
 allocations), and a one-kernel torch op (the launch floor); the FLUX norms at B1 L4608 D3072,
-public op and launch stubbed.
+public op and launch stubbed; and one norm call taken apart (its class key, the output's allocation,
+the launcher's call and Triton's C launch alone, each timed by itself).
 """
 
 from __future__ import annotations
@@ -144,11 +145,37 @@ def _norm_gpu_rows() -> dict[str, dict[str, float]]:
     return {name: {key: round(value, 1) for key, value in row.items()} for name, row in rows.items()}
 
 
+def _norm_gpu_pieces() -> dict[str, float]:
+    """One norm call taken apart: each piece of layernorm_modulate's eager path timed alone."""
+    from benchmarks.timing import host_us
+    from polykernels._launch import _SPEC
+    from polykernels.norm import ops
+
+    x = torch.randn(1, 4608, 3072, dtype=torch.bfloat16, device="cuda")
+    shift, scale = torch.randn(1, 6 * 3072, dtype=torch.bfloat16, device="cuda").chunk(6, dim=1)[:2]
+    y = ops.layernorm_modulate(x, shift, scale)
+    plan = ops._eager_plans[ops._modulated_class(x, None, shift, scale, 1e-6)]
+    launcher = ops._launchers().norm
+    direct = launcher._compiled[(torch.cuda.current_device(), _SPEC, plan.spec)]
+    args = (x, y, x, shift, scale, y, y, *plan.ints, 1e-6)
+    addresses = tuple(arg.data_ptr() if isinstance(arg, torch.Tensor) else arg for arg in args)
+    grid, stream = (*plan.grid, 1, 1), torch.cuda.current_stream().cuda_stream
+    pieces = {
+        "public op": lambda: ops.layernorm_modulate(x, shift, scale),
+        "the call's class key": lambda: ops._modulated_class(x, None, shift, scale, 1e-6),
+        "output allocation (empty_like)": lambda: torch.empty_like(x),
+        "Launcher call, plan ready": lambda: launcher(plan.grid, args, plan.meta, spec_key=plan.spec),
+        "Triton's C launch, addresses ready": lambda: direct(grid[0], grid[1], grid[2], stream, addresses),
+    }
+    return {name: round(host_us(call), 1) for name, call in pieces.items()}
+
+
 def gpu_rows() -> dict[str, dict[str, float]]:
     from benchmarks.timing import launch_floor_us
 
     return {"gdn B1 T32768 32/32": _gdn_gpu_row(32, 32, None), "gdn 1x32768 2/8": _gdn_gpu_row(2, 8, None),
             "gdn varlen 6144+2048 2/8": _gdn_gpu_row(2, 8, [6144, 2048]), **_norm_gpu_rows(),
+            "layernorm_modulate B1 L4608 D3072, piece by piece": _norm_gpu_pieces(),
             "one-kernel torch op (launch floor)": {"public op": round(launch_floor_us(), 1)}}
 
 
