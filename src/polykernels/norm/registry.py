@@ -20,14 +20,18 @@ _NORM_SIGNATURE = {
 _ROWS, _WARPS, _, _STAGES = NORM_PERSISTENT[4096]
 _SHAPE = {"BLOCK_D": 4096, "ROWS": _ROWS, "PER_SAMPLE": True, "STORE_STATS": False, "STAGES": _STAGES}
 _OPTIONS = {"num_warps": _WARPS, "num_stages": 1}
+# FLUX's rows, L, D 3072 and AdaLayerNormZero's chunk strides are multiples of 16: the launcher
+# specializes them, and the rows' loads are 16 bytes wide only then.
+_NORM_MULTIPLES_OF_16 = ("rows", "L", "D", "stride_shift_b", "stride_shift_l", "stride_scale_b", "stride_scale_l")
 _QK_ROWS, _QK_WARPS = NORM_LAUNCH[128]
 
 for _name, _is_rms in (("layernorm_modulate", False), ("rmsnorm_scale_shift", True)):
     register(KernelSpec(name=_name, module=_MODULE, function="norm_modulate_kernel", signature=_NORM_SIGNATURE,
-                        constexprs={**_SHAPE, "IS_RMS": _is_rms, "EXACT_PTX": False}, options=_OPTIONS))
+                        constexprs={**_SHAPE, "IS_RMS": _is_rms, "EXACT_PTX": False}, options=_OPTIONS,
+                        multiple_of_16=_NORM_MULTIPLES_OF_16))
     register(KernelSpec(name=f"{_name}_ptx", module=_MODULE, function="norm_modulate_kernel",
                         signature=_NORM_SIGNATURE, constexprs={**_SHAPE, "IS_RMS": _is_rms, "EXACT_PTX": True},
-                        allowed=ptx_allowed, options=_OPTIONS))
+                        allowed=ptx_allowed, options=_OPTIONS, multiple_of_16=_NORM_MULTIPLES_OF_16))
 register(KernelSpec(
     name="qk_rmsnorm", module=_MODULE, function="qk_rmsnorm_kernel",
     signature={"Q": "*bf16", "K": "*bf16", "WQ": "*bf16", "WK": "*bf16", "QO": "*bf16", "KO": "*bf16",
@@ -35,4 +39,5 @@ register(KernelSpec(
                "ROWS": "constexpr", "BLOCK_D": "constexpr"},
     constexprs={"ROWS": _QK_ROWS, "BLOCK_D": 128},
     options={"num_warps": _QK_WARPS, "num_stages": 1},
+    multiple_of_16=("q_rows", "k_rows", "head_dim"),  # FLUX: L 4608 x 24 heads, head_dim 128
 ))

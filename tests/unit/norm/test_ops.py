@@ -154,6 +154,28 @@ def test_ptx_specialization_kills_the_compiler_for_gfx942(kernel: str) -> None:
     assert not result.allowed and result.consistent  # the guard keeps it off ROCm
 
 
+def test_the_compile_matrix_specializes_the_integers_the_launcher_sees_as_multiples_of_16() -> None:
+    """The registry's multiple_of_16 names hold at FLUX's shapes: the compile matrix reads the
+    kernel the launcher runs there (16-byte loads), not a scalar-load variant of it."""
+    from polykernels.kernel_registry import kernels
+    from polykernels.norm import ops
+
+    x = torch.randn(2, 4608, 3072)
+    shift, scale = torch.randn(2, 6 * 3072).chunk(6, dim=1)[:2]  # AdaLayerNormZero's chunks
+    norm_ints = ops._norm_plan(x, None, shift, scale, (*ops._check_modulation(shift, "shift", x),
+                                                      *ops._check_modulation(scale, "scale", x)), exact=False).ints
+    heads = torch.randn(1, 4608, 24, 128)
+    qk_ints = ops._qk_plan(heads, heads, torch.randn(128), torch.randn(128), only_q=False).ints
+    seen = {"norm_modulate_kernel": norm_ints, "qk_rmsnorm_kernel": qk_ints}
+    for spec in kernels().values():
+        if spec.function not in seen:
+            continue
+        int_names = [name for name, kind in spec.signature.items() if kind in ("i32", "i64")]
+        values = dict(zip(int_names, seen[spec.function], strict=True))
+        assert spec.multiple_of_16, spec.name
+        assert all(values[name] % 16 == 0 for name in spec.multiple_of_16), (spec.name, values)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["hip:gfx942", "hip:gfx950", "cuda:90"])
 def test_portable_kernels_compile_for_amd_and_nvidia(target: str) -> None:
