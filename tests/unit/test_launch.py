@@ -183,6 +183,26 @@ def test_the_cuda_launch_passes_tensors_as_addresses_to_the_c_function() -> None
                             x.data_ptr(), None, 5, 0.5, 64, True)]
 
 
+def test_the_direct_launch_of_a_spec_key_is_kept_after_its_first_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    run = CudaLauncher()
+
+    class _CompilingKernel:
+        arg_names, constexprs = ["x"], []  # one runtime argument, no constexprs
+
+        def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., SimpleNamespace]:
+            return lambda *args, **meta: _compiled(run)
+
+    launcher = Launcher(_CompilingKernel())
+    launcher._interpreted = False
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    assert launcher.cached("spec") is None
+    launcher((2,), (7,), {"num_stages": 1}, spec_key="spec")
+    direct = launcher.cached("spec")
+    assert direct is not None and launcher.cached("other") is None
+    direct(2, 1, 1, 77, (8,))
+    assert run.c_calls[-1][-1] == 8  # the kept launch goes to the C function with this call's arguments
+
+
 class _OtherLauncher:
     """A launcher of another backend or release (HIP's, say): only its own call is known."""
 
