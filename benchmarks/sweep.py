@@ -97,21 +97,27 @@ def sweep_norm(device: str) -> list[dict]:
 
     results = []
     launch, persistent = dict(kernels.NORM_LAUNCH), dict(kernels.NORM_PERSISTENT)
+    caps = dict(kernels.NORM_MAX_REGISTERS_CUDA)
     threshold = kernels.PERSISTENT_MIN_ROWS_PER_SM
     dim = 3072
     # The portable row beside the exact one where the exact epilogue was slower than torch.compile.
-    for op, batch, tokens, preference in (
-            ("layernorm_modulate", 1, 4608, "auto"), ("layernorm_modulate", 4, 4608, "auto"),
-            ("layernorm_modulate", 2, 4096, "auto"), ("layernorm_modulate", 1, 1024, "auto"),
-            ("rmsnorm_scale_shift", 4, 4608, "auto"), ("rmsnorm_scale_shift", 1, 1024, "auto"),
-            ("rmsnorm_scale_shift", 1, 1024, "portable")):
+    # The uncapped row beside the register-capped launch (NORM_MAX_REGISTERS_CUDA) where the cap matters.
+    for op, batch, tokens, preference, capped in (
+            ("layernorm_modulate", 1, 4608, "auto", True), ("layernorm_modulate", 4, 4608, "auto", True),
+            ("layernorm_modulate", 2, 4096, "auto", True), ("layernorm_modulate", 1, 1024, "auto", True),
+            ("layernorm_modulate", 1, 1024, "auto", False), ("rmsnorm_scale_shift", 4, 4608, "auto", True),
+            ("rmsnorm_scale_shift", 1, 1024, "auto", True), ("rmsnorm_scale_shift", 1, 1024, "auto", False),
+            ("rmsnorm_scale_shift", 1, 1024, "portable", True)):
+        kernels.NORM_MAX_REGISTERS_CUDA.clear()
+        kernels.NORM_MAX_REGISTERS_CUDA.update(caps if capped else {})
         x = torch.randn(batch, tokens, dim, device=device, dtype=torch.bfloat16)
         emb = torch.randn(batch, 6 * dim, device=device, dtype=torch.bfloat16)
         shift, scale = emb.chunk(6, dim=1)[:2]
         weight = torch.randn(dim, device=device, dtype=torch.bfloat16)
         call = (functools.partial(layernorm_modulate, x, shift, scale) if op == "layernorm_modulate"
                 else functools.partial(rmsnorm_scale_shift, x, weight, shift, scale))
-        row = {"shape": f"{op} B{batch} L{tokens} D{dim}" + (" (portable)" if preference == "portable" else "")}
+        row = {"shape": f"{op} B{batch} L{tokens} D{dim}" + (" (portable)" if preference == "portable" else "")
+                 + ("" if capped else " (no register cap)")}
         for rows, warps, per_sm, stages in ((4, 8, 0, 1), (2, 8, 0, 1), (1, 8, 0, 1), (4, 16, 0, 1), (2, 16, 0, 1),
                                             (1, 4, 0, 1), (2, 4, 0, 1), (4, 8, 2, 2), (4, 8, 1, 3),
                                             (2, 8, 2, 2), (2, 8, 2, 3), (2, 8, 4, 2), (1, 8, 4, 2)):
@@ -125,6 +131,7 @@ def sweep_norm(device: str) -> list[dict]:
         kernels.NORM_PERSISTENT.clear()
         kernels.NORM_PERSISTENT.update(persistent)
         kernels.PERSISTENT_MIN_ROWS_PER_SM = threshold
+        kernels.NORM_MAX_REGISTERS_CUDA.update(caps)
         ops.forget_plans()
         print(json.dumps(row), flush=True)
         results.append(row)

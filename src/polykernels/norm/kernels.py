@@ -169,6 +169,17 @@ NORM_LAUNCH: dict[int, tuple[int, int]] = {
 # B4 L4608 and B2 L4096, 9% at B1 L4608; slower at B1 L1024 (1024 rows), hence the threshold.
 NORM_PERSISTENT: dict[int, tuple[int, int, int, int]] = {4096: (2, 8, 2, 3)}
 PERSISTENT_MIN_ROWS_PER_SM = 16
+# num_warps -> register cap per thread on CUDA (Triton's ``maxnreg``), so two programs share an SM.
+# Uncapped, the exact RMSNorm's 4-row, 8-warp program took 157 registers: one program per SM, and
+# B1 L1024's 256 programs ran in two waves on 132 SMs (BENCHMARKS.md, "tenth set"). ROCm has no
+# such option; its table is empty.
+NORM_MAX_REGISTERS_CUDA: dict[int, int] = {8: 128}
+
+
+def register_cap(num_warps: int, backend: str) -> dict[str, int]:
+    """The launch option capping registers per thread (``{"maxnreg": n}``), or {} where none applies."""
+    cap = NORM_MAX_REGISTERS_CUDA.get(num_warps) if backend == "cuda" else None
+    return {"maxnreg": cap} if cap else {}
 
 
 def launch_config(block_d: int) -> tuple[int, int]:

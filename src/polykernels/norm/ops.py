@@ -180,7 +180,7 @@ def _norm_meta(x: torch.Tensor, weight: torch.Tensor | None, strides: tuple[int,
 @functools.lru_cache(maxsize=256)
 def _norm_launch(shape: torch.Size, device: torch.device, rms: bool, per_sample: bool, exact: bool,
                  stats: bool) -> tuple[tuple[int, int], dict[str, object]]:
-    from polykernels.norm.kernels import modulated_launch_config
+    from polykernels.norm.kernels import modulated_launch_config, register_cap
 
     batch, tokens, dim = shape
     block = _next_power_of_2(dim)
@@ -194,6 +194,7 @@ def _norm_launch(shape: torch.Size, device: torch.device, rms: bool, per_sample:
     return (blocks, batch if per_sample else 1), {
         "BLOCK_D": block, "ROWS": rows_per_block, "IS_RMS": rms, "EXACT_PTX": exact,
         "PER_SAMPLE": per_sample, "STORE_STATS": stats, "STAGES": stages, "num_warps": num_warps, "num_stages": 1,
+        **register_cap(num_warps, platform.backend()),
     }
 
 
@@ -293,6 +294,9 @@ def _norm_modulate_traced(
 
     strides = (*_check_modulation(shift, "shift", x), *_check_modulation(scale, "scale", x))
     grid, meta = _norm_meta(x, weight, strides, path == "ptx", False)
+    # torch.compile's wrapper of user kernels takes num_warps and num_stages as launch options but
+    # would pass maxnreg to the kernel as an argument: the traced launch goes without the cap.
+    meta = {name: value for name, value in meta.items() if name != "maxnreg"}
     y = torch.empty_like(x)
     rows = x.shape[0] * x.shape[1]
     torch.library.wrap_triton(norm_modulate_kernel)[grid](

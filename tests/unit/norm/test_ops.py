@@ -142,6 +142,25 @@ def test_op_asks_for_ptx_only_where_guard_allows(monkeypatch, seen, expected_fla
     assert flags == expected_flags
 
 
+@pytest.mark.parametrize(("seen", "capped"), [(H100, True), (MI300X, False), (MI355X, False)],
+                         ids=["sm_90", "gfx942", "gfx950"])
+def test_register_cap_reaches_the_eager_launch_on_cuda_only(seen: platform.Platform, capped: bool) -> None:
+    """FLUX's B1 L1024 norm launches 8-warp programs: on CUDA they carry the register cap of
+    NORM_MAX_REGISTERS_CUDA (two programs per SM); ROCm launches have no such option."""
+    from polykernels.norm import ops
+    from polykernels.norm.kernels import NORM_MAX_REGISTERS_CUDA
+
+    x = torch.randn(1, 1024, 3072)
+    shift, scale = torch.randn(1, 6 * 3072).chunk(6, dim=1)[:2]
+    strides = (*ops._check_modulation(shift, "shift", x), *ops._check_modulation(scale, "scale", x))
+    with platform.use(seen):
+        ops.forget_plans()
+        _, meta = ops._norm_meta(x, torch.randn(3072), strides, exact=False, stats=False)
+    ops.forget_plans()
+    assert meta["num_warps"] == 8
+    assert meta.get("maxnreg") == (NORM_MAX_REGISTERS_CUDA[8] if capped else None)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kernel", ["layernorm_modulate_ptx", "rmsnorm_scale_shift_ptx"])
 def test_ptx_specialization_kills_the_compiler_for_gfx942(kernel: str) -> None:
