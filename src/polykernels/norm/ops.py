@@ -110,9 +110,11 @@ _MAX_PLANS = 512
 
 
 def forget_plans() -> None:
-    """Drops every cached launch plan (a sweep that edits kernels' launch tables calls this)."""
+    """Drops every cached launch plan and kept launch (a sweep that edits kernels' launch tables
+    calls this): the launchers key their compiled kernels by class of call, not by the tables."""
     _eager_plans.clear()
     _norm_launch.cache_clear()
+    _launchers.cache_clear()
 
 
 def _remember(key: tuple | None, plan: _Plan) -> None:

@@ -142,6 +142,17 @@ def test_op_asks_for_ptx_only_where_guard_allows(monkeypatch, seen, expected_fla
     assert flags == expected_flags
 
 
+def test_forget_plans_drops_the_kept_launches() -> None:
+    """The launchers keep one compiled kernel per class of call whatever the launch tables say: a
+    sweep that edits a table and forgets the plans must get new launchers, or every column after
+    the first runs the first column's kernel on the new grid."""
+    from polykernels.norm import ops
+
+    before = ops._launchers()
+    ops.forget_plans()
+    assert ops._launchers() is not before
+
+
 @pytest.mark.parametrize(("seen", "capped"), [(H100, True), (MI300X, False), (MI355X, False)],
                          ids=["sm_90", "gfx942", "gfx950"])
 def test_register_cap_reaches_the_eager_launch_on_cuda_only(seen: platform.Platform, capped: bool) -> None:
