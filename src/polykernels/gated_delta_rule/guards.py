@@ -18,9 +18,9 @@ def choose(device_type: str) -> Choice:
     return Choice("triton", f"{seen.backend} {seen.arch}: Triton chunked kernels (int64 chunk offsets): a "
                             "parallel prepare pass, then one sequential pass per (V tile, segment, head) with the "
                             "state on chip; sequences are cut into segments when N x HV x V tiles fill at most half "
-                            "the SMs (launch.plan_segments; num_segments= overrides); on sm_90 the sequential pass "
-                            "of bf16/fp16 inputs with K = 64 or 128 is a Gluon kernel with asynchronous wgmma "
-                            "under Triton 3.6 (launch.hopper_pass, hopper_kernels)")
+                            "the SMs (launch.plan_segments; num_segments= overrides); on sm_90 both passes "
+                            "of bf16/fp16 inputs with K = 64 or 128 are Gluon kernels with asynchronous wgmma "
+                            "under Triton 3.6 (launch.hopper_pass, hopper_kernels, hopper_prepare_kernels)")
 
 
 def dot_precision(fp32_inputs: bool) -> str:

@@ -126,6 +126,15 @@ def _hopper_launcher() -> object:
 
 
 @functools.cache
+def _hopper_prepare_launcher() -> object:
+    """The Gluon prepare pass, imported on first use on sm_90 only."""
+    from polykernels._launch import Launcher
+    from polykernels.gated_delta_rule import hopper_prepare_kernels
+
+    return Launcher(hopper_prepare_kernels.gdn_prepare_hopper_kernel)
+
+
+@functools.cache
 def _unused_offsets(device: torch.device) -> torch.Tensor:
     """Stands for the offset tables of packed sequences in launches that do not read them."""
     return torch.zeros(1, dtype=torch.int64, device=device)
@@ -144,6 +153,12 @@ PREPARE_LAUNCH: dict[int, tuple[int, int]] = {64: (64, 4), 128: (128, 4), 256: (
 # V tile, what fits 227 KiB of shared memory beside the state's tiles (two stages at the narrow tile
 # measured 6-10% slower than three on the H200). An empty table turns the pass off.
 HOPPER_STAGES: dict[int, int] = {32: 3, 64: 2}
+# The prepare pass on sm_90 (hopper_prepare_kernels; the inputs hopper_pass takes): per K, its register
+# cap (Triton's maxnreg; None: uncapped). At K = 128, 168 registers (16 bytes spilled) give three
+# programs per SM where 240 gave two: the kernel's first form took 1055 us uncapped and 968 capped at B1
+# T32768 32/32 on the H200 (BENCHMARKS.md, "eleventh set"). K = 64 compiles to 200 registers uncapped (two
+# programs per SM); capped it was not measured. An empty table turns the pass off.
+HOPPER_PREPARE: dict[int, int | None] = {64: None, 128: 168}
 # The prepare kernel's K and V tiles are at least this wide (narrower heads are masked): its
 # products (I + A)^-1 x (32 columns) of 16-bit inputs came out wrong, or faulted, on the H200
 # (Triton 3.6, sm_90 wgmma with the left operand in registers); 64 columns are right.
@@ -185,14 +200,17 @@ def launch_chunk_gated_delta_rule(
                      initial_state is not None, output_final_state, use_qk_l2norm_in_kernel, num_segments, device,
                      platform.current(), RECURRENCE_BLOCK_V[block_k],
                      RECURRENCE_LAUNCH[block_k], PREPARE_LAUNCH[max(block_k, PREPARE_MIN_BLOCK)],
-                     tuple(HOPPER_STAGES.items()))
+                     tuple(HOPPER_STAGES.items()), tuple(HOPPER_PREPARE.items()))
     run = _launchers()
     cu = cu_seqlens if cu_seqlens is not None else _unused_offsets(device)
     initial = initial_state.float().contiguous() if initial_state is not None else final
-    if recipe.hopper and (q.data_ptr() | k.data_ptr()) & 15:
-        # The Gluon pass copies q and k in 16-byte pieces: a view that starts off a 16-byte
-        # boundary is copied first (fresh and contiguous tensors are aligned).
+    if (recipe.hopper or recipe.hopper_prepare) and (q.data_ptr() | k.data_ptr()) & 15:
+        # The Gluon passes copy q and k in 16-byte pieces (cp.async; an unaligned base does not
+        # compile): a view that starts off a 16-byte boundary is copied first (fresh and
+        # contiguous tensors are aligned).
         q, k = q.clone(), k.clone()
+    if recipe.hopper_prepare and v.data_ptr() & 15:
+        v = v.clone()  # the Gluon prepare pass copies v's tile the same way
     # The launchers' spec_key: the recipe's (every integer argument and constexpr, the dtypes), then
     # each caller tensor's 16-byte alignment (the workspace's parts are aligned).
     spec = (recipe.spec, q.data_ptr() & 15, k.data_ptr() & 15, v.data_ptr() & 15, g.dtype, g.data_ptr() & 15,
@@ -225,8 +243,8 @@ def launch_chunk_gated_delta_rule(
     if cu_seqlens is not None:
         run.plan((1,), args.plan, recipe.plan_meta, spec_key=(recipe.spec, cu.data_ptr() & 15),
                  tensors=lambda: views().plan)
-    run.prepare(recipe.prepare_grid, args.prepare, recipe.prepare_meta, spec_key=spec,
-                tensors=lambda: views().prepare)
+    prepare = _hopper_prepare_launcher() if recipe.hopper_prepare else run.prepare
+    prepare(recipe.prepare_grid, args.prepare, recipe.prepare_meta, spec_key=spec, tensors=lambda: views().prepare)
     sequential = _hopper_launcher() if recipe.hopper else run.recurrence
     if recipe.segment_chunks:
         sequential(recipe.segment_state_grid, args.segment_state, recipe.segment_state_meta, spec_key=(spec, True),
@@ -259,6 +277,7 @@ class _Recipe:
     recurrence_grid: tuple[int, ...]
     recurrence_meta: dict[str, object]
     hopper: bool  # the sequential passes run hopper_kernels' Gluon kernel
+    hopper_prepare: bool  # the prepare pass runs hopper_prepare_kernels' Gluon kernel
     workspace: Layout  # every intermediate (_Scratch)
 
 
@@ -270,6 +289,7 @@ def _recipe(
     has_initial: bool, output_final_state: bool, l2norm: bool, num_segments: int | None, device: torch.device,
     seen: platform.Platform, block_vs: tuple[int, int], launch: tuple[int, int],
     prepare_launch: tuple[int, int], hopper_stages: tuple[tuple[int, int], ...],
+    hopper_prepare: tuple[tuple[int, int | None], ...] = (),
 ) -> _Recipe:
     batch, tokens, heads, key_dim = q_shape
     value_heads, value_dim = v_shape[2], v_shape[3]
@@ -303,16 +323,21 @@ def _recipe(
     hopper = stages is not None and hopper_pass(seen, dtype, key_dim)
     if hopper:
         recurrence_tail = {"STAGES": stages, "num_warps": 4}
+    prepare_tail = {"num_warps": prep_warps, "num_stages": 1}
+    gluon_prepare = key_dim in dict(hopper_prepare) and hopper_pass(seen, dtype, key_dim)
+    if gluon_prepare:
+        cap = dict(hopper_prepare)[key_dim]
+        prepare_tail = {"num_warps": 4, **({"maxnreg": cap} if cap else {})}
     return _Recipe(
         spec=(q_shape, v_shape, dtype, cu_dtype, num_seqs, has_initial, output_final_state, l2norm, num_segments,
-              device, seen, block_vs, launch, prepare_launch, hopper_stages),
+              device, seen, block_vs, launch, prepare_launch, hopper_stages, hopper_prepare),
         chunks_per_seq=chunks_per_seq, segment_chunks=segment_chunks,
         segments_per_seq=segments_per_seq, max_segments=max_segments, segment_tokens=segment_tokens,
         plan_meta={"BT": CHUNK, "BLOCK": 1024, "num_warps": 4, "num_stages": 1},
         prepare_grid=(max_chunks, value_heads),
         prepare_meta={**shape, "BK": max(block_k, PREPARE_MIN_BLOCK), "BV": prep_bv, "NV": -(-value_dim // prep_bv),
                       "L2NORM": l2norm, **where, "DOT_PRECISION": prep_dot, "INVERSE_PRECISION": prep_inverse,
-                      "num_warps": prep_warps, "num_stages": 1},
+                      **prepare_tail},
         segment_state_grid=(value_tiles + -(-key_dim // block_v), max_segments, value_heads),
         segment_state_meta={**recurrence, "HAS_INITIAL": False, "SEGMENT_STATE": True, "STORE_FINAL": False,
                             **recurrence_tail},
@@ -324,6 +349,7 @@ def _recipe(
         recurrence_meta={**recurrence, "HAS_INITIAL": has_initial or bool(segment_chunks), "SEGMENT_STATE": False,
                          "STORE_FINAL": output_final_state, **recurrence_tail},
         hopper=hopper,
+        hopper_prepare=gluon_prepare,
         workspace=_workspace(total, value_heads, key_dim, value_dim, dtype, num_seqs, varlen, max_segments,
                              bool(segment_chunks)),
     )

@@ -22,8 +22,9 @@ them enters the state or other rows) and the chunk's decay is NaN (the state aft
 q reaches its own row only (every product with q is row-wise).
 
 Offsets are int64 up to each chunk's first element and int32 inside the chunk (see kernels.py).
-On sm_90 the sequential pass of bf16 and fp16 inputs is ``hopper_kernels.gdn_recurrence_hopper_kernel``
-(same arguments and results, its products awaited only where their results are needed).
+On sm_90 the passes of bf16 and fp16 inputs are ``hopper_prepare_kernels.gdn_prepare_hopper_kernel`` and
+``hopper_kernels.gdn_recurrence_hopper_kernel`` (same arguments and results, their products awaited only
+where their results are needed).
 """
 
 from __future__ import annotations

@@ -125,3 +125,11 @@ for _name, _segment_state in (("gdn_recurrence_hopper", False), ("gdn_segment_st
         allowed=_on_hopper, platform_constexprs=_precision,
         options={"num_warps": 4},
     ))
+# The Gluon prepare pass (sm_90 only: wgmma).
+register(KernelSpec(
+    name="gdn_prepare_hopper", module="polykernels.gated_delta_rule.hopper_prepare_kernels",
+    function="gdn_prepare_hopper_kernel", signature=_PREPARE_SIGNATURE,
+    constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV},
+    allowed=_on_hopper, platform_constexprs=functools.partial(_prepare_precision, False),
+    options={"num_warps": 4},
+))

@@ -431,6 +431,51 @@ def test_gpu_hopper_pass_matches_the_portable_pass(gpu_device: str, monkeypatch:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(("tokens", "key_dim", "value_dim", "lengths", "dtype", "l2norm"), [
+    (3000, 128, 128, None, torch.bfloat16, True),
+    (2000, 64, 100, [700, 0, 1, 1299], torch.bfloat16, False),
+    (2000, 128, 256, [64, 1000, 936], torch.float16, True),
+    (1500, 128, 32, None, torch.bfloat16, False),
+    (1000, 128, 128, None, torch.bfloat16, None)],
+    ids=["K128-l2norm", "K64-V100-packed", "K128-V256-fp16-packed", "K128-V32", "K128-v-mid-row"])
+def test_gpu_hopper_prepare_matches_the_triton_prepare(gpu_device: str, monkeypatch: pytest.MonkeyPatch, tokens: int,
+                                                       key_dim: int, value_dim: int, lengths, dtype: torch.dtype,
+                                                       l2norm: bool | None) -> None:
+    # The Gluon prepare pass (sm_90) against the Triton one, the same sequential pass after both:
+    # rows past each sequence's end, V narrower than its tile (100, 32) and two V tiles (256),
+    # fp16, l2norm in the kernel, v starting off a 16-byte boundary (l2norm None: off, v moved).
+    # Every other GPU test runs it too where it is the default.
+    from polykernels.gated_delta_rule import launch
+
+    if torch.cuda.get_device_capability(gpu_device) != (9, 0):
+        pytest.skip("the Gluon prepare pass runs on sm_90 only; the other GPU tests cover this GPU's pass")
+    inputs = make_inputs(1, tokens, 2, 4, key_dim, value_dim, dtype, device=gpu_device, l2norm_outside=not l2norm)
+    if l2norm is None:
+        inputs, l2norm = (*inputs[:2], _starting_mid_row(inputs[2]), *inputs[3:]), False
+    cu = None if lengths is None else torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=gpu_device)
+    num_seqs = 1 if lengths is None else len(lengths)
+    h0 = torch.randn(num_seqs, 4, key_dim, value_dim, device=gpu_device)
+
+    def run():
+        return launch_chunk_gated_delta_rule(*inputs, key_dim**-0.5, h0, True, cu, l2norm)
+
+    runs, gluon = [], launch._hopper_prepare_launcher()
+
+    def counted(*args, **kwargs):
+        runs.append(args[0])
+        return gluon(*args, **kwargs)
+
+    monkeypatch.setattr(launch, "_hopper_prepare_launcher", lambda: counted)
+    monkeypatch.setattr(launch, "HOPPER_PREPARE", {key_dim: None})
+    got_o, got_s = run()
+    assert runs, "the Gluon prepare pass did not run"
+    monkeypatch.setattr(launch, "HOPPER_PREPARE", {})
+    want_o, want_s = run()
+    assert relative_rms_error(got_o, want_o.double()) < 2e-3
+    assert relative_rms_error(got_s, want_s.double()) < 2e-3
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("segments", [None, 2], ids=["whole", "2-segments"])
 def test_gpu_nan_never_reaches_earlier_tokens(gpu_device: str, segments, dtype: torch.dtype) -> None:
@@ -488,13 +533,13 @@ def test_gpu_offsets_past_2_pow_31_elements(gpu_device: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["hip:gfx942", "hip:gfx950"])
 def test_kernels_compile_for_amd(target: str) -> None:
-    # MI300X / MI355X code objects from this CPU: every kernel of the op but the Gluon sequential
-    # pass for sm_90 (wgmma), which the guard keeps off AMD targets.
+    # MI300X / MI355X code objects from this CPU: every kernel of the op but the Gluon passes for
+    # sm_90 (wgmma), which the guard keeps off AMD targets.
     from polykernels.kernel_registry import kernels, probe
 
     family = [name for name in kernels() if name.startswith("gdn_")]
     names = [name for name in family if kernels()[name].allowed_on(target)]
-    assert set(family) - set(names) == {"gdn_recurrence_hopper", "gdn_segment_state_hopper"}
+    assert set(family) - set(names) == {"gdn_recurrence_hopper", "gdn_segment_state_hopper", "gdn_prepare_hopper"}
     assert set(names) == {"gdn_plan", "gdn_prepare", "gdn_recurrence", "gdn_segment_state", "gdn_combine",
                           "gdn_recurrence_fp32", "gdn_prepare_fp32"}
     for kernel in names:
