@@ -34,25 +34,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from polykernels.gated_delta_rule.hopper_kernels import _copy_layout, _copy_tile, _mma_layout, _smem_layout
 
-# Scalar arithmetic only (no layouts), so the Triton helper serves Gluon kernels too.
-from polykernels.gated_delta_rule.kernels import _chunk_span
+# Element-wise and scalar arithmetic only (no layouts made), so the Triton helpers serve Gluon kernels too.
+from polykernels.gated_delta_rule.kernels import _bad, _bad_rows, _chunk_span
 
-_FLT_MAX = gl.constexpr(3.4028234663852886e38)
 _NAN = gl.constexpr(float("nan"))
 # (I + A)^-1 of a 64-row chunk: a^64 = 0, so six factors (I + p0) ... (I + p5) (kernels.CHUNK_INVERSE_LEVELS + 1).
 _FACTORS = gl.constexpr(6)
-
-
-@gluon.jit
-def _bad_rows(x):
-    """True for the rows of a 2-D tile that hold NaN or +-Inf (NaN fails every comparison)."""
-    ok = gl.abs(x.to(gl.float32)) <= _FLT_MAX
-    return gl.min(ok.to(gl.int32), axis=1) == 0
-
-
-@gluon.jit
-def _bad(x):
-    return ~(gl.abs(x.to(gl.float32)) <= _FLT_MAX)
 
 
 @gluon.jit

@@ -12,6 +12,7 @@ import torch
 from polykernels import platform
 from polykernels.gated_delta_rule.guards import dot_precision, prepare_precision
 from polykernels.gated_delta_rule.launch import (
+    HOPPER_PREPARE,
     HOPPER_STAGES,
     PREPARE_LAUNCH,
     RECURRENCE_BLOCK_V,
@@ -125,11 +126,12 @@ for _name, _segment_state in (("gdn_recurrence_hopper", False), ("gdn_segment_st
         allowed=_on_hopper, platform_constexprs=_precision,
         options={"num_warps": 4},
     ))
-# The Gluon prepare pass (sm_90 only: wgmma).
+# The Gluon prepare pass (sm_90 only: wgmma), with the register cap the launcher gives it at K = 128.
+_PREPARE_CAP = HOPPER_PREPARE.get(128)
 register(KernelSpec(
     name="gdn_prepare_hopper", module="polykernels.gated_delta_rule.hopper_prepare_kernels",
     function="gdn_prepare_hopper_kernel", signature=_PREPARE_SIGNATURE,
     constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV},
     allowed=_on_hopper, platform_constexprs=functools.partial(_prepare_precision, False),
-    options={"num_warps": 4},
+    options={"num_warps": 4, **({"maxnreg": _PREPARE_CAP} if _PREPARE_CAP else {})},
 ))

@@ -377,6 +377,26 @@ def test_gpu_segments_match_naive(gpu_device: str, segments) -> None:
     check_against_naive(run, inputs, torch.bfloat16, initial=True)
 
 
+def _matches_with_the_pass_off(monkeypatch: pytest.MonkeyPatch, run, factory: str, table: str,
+                               tolerance: float) -> None:
+    """``run()`` launches the Gluon pass of ``launch.<factory>()``, and its (o, state) match those of
+    ``run()`` with that pass turned off (its table ``launch.<table>`` emptied)."""
+    from polykernels.gated_delta_rule import launch
+
+    runs, real = [], getattr(launch, factory)()
+
+    def counted(*args, **kwargs):
+        runs.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(launch, factory, lambda: counted)
+    got = run()
+    assert runs, f"the Gluon pass of launch.{factory} did not run"
+    monkeypatch.setattr(launch, table, {})
+    for got_part, want_part in zip(got, run(), strict=True):
+        assert relative_rms_error(got_part, want_part.double()) < tolerance
+
+
 def _starting_mid_row(tensor: torch.Tensor) -> torch.Tensor:
     """The same values in a contiguous view whose data starts 2 bytes past a 16-byte boundary."""
     storage = torch.empty(tensor.numel() + 1, dtype=tensor.dtype, device=tensor.device)
@@ -401,8 +421,6 @@ def test_gpu_hopper_pass_matches_the_portable_pass(gpu_device: str, monkeypatch:
     # The Gluon sequential pass (sm_90) against the Triton one on the same prepared chunks: its
     # cp.async tiles reading zeros past each sequence's end and past V (100 columns), fp16, and q, k
     # views starting off a 16-byte boundary (copied first).
-    from polykernels.gated_delta_rule import launch
-
     if torch.cuda.get_device_capability(gpu_device) != (9, 0):
         pytest.skip("the Gluon sequential pass runs on sm_90 only; the other GPU tests cover this GPU's pass")
     inputs = make_inputs(1, tokens, 2, 4, key_dim, value_dim, dtype, device=gpu_device)
@@ -415,19 +433,7 @@ def test_gpu_hopper_pass_matches_the_portable_pass(gpu_device: str, monkeypatch:
     def run():
         return launch_chunk_gated_delta_rule(*inputs, key_dim**-0.5, h0, True, cu, False, segments)
 
-    runs, hopper = [], launch._hopper_launcher()
-
-    def counted(*args, **kwargs):
-        runs.append(args[0])
-        return hopper(*args, **kwargs)
-
-    monkeypatch.setattr(launch, "_hopper_launcher", lambda: counted)
-    got_o, got_s = run()
-    assert runs, "the Gluon pass did not run"
-    monkeypatch.setattr(launch, "HOPPER_STAGES", {})
-    want_o, want_s = run()
-    assert relative_rms_error(got_o, want_o.double()) < 1e-3
-    assert relative_rms_error(got_s, want_s.double()) < 1e-3
+    _matches_with_the_pass_off(monkeypatch, run, "_hopper_launcher", "HOPPER_STAGES", 1e-3)
 
 
 @pytest.mark.gpu
@@ -445,8 +451,6 @@ def test_gpu_hopper_prepare_matches_the_triton_prepare(gpu_device: str, monkeypa
     # rows past each sequence's end, V narrower than its tile (100, 32) and two V tiles (256),
     # fp16, l2norm in the kernel, v starting off a 16-byte boundary (l2norm None: off, v moved).
     # Every other GPU test runs it too where it is the default.
-    from polykernels.gated_delta_rule import launch
-
     if torch.cuda.get_device_capability(gpu_device) != (9, 0):
         pytest.skip("the Gluon prepare pass runs on sm_90 only; the other GPU tests cover this GPU's pass")
     inputs = make_inputs(1, tokens, 2, 4, key_dim, value_dim, dtype, device=gpu_device, l2norm_outside=not l2norm)
@@ -459,20 +463,7 @@ def test_gpu_hopper_prepare_matches_the_triton_prepare(gpu_device: str, monkeypa
     def run():
         return launch_chunk_gated_delta_rule(*inputs, key_dim**-0.5, h0, True, cu, l2norm)
 
-    runs, gluon = [], launch._hopper_prepare_launcher()
-
-    def counted(*args, **kwargs):
-        runs.append(args[0])
-        return gluon(*args, **kwargs)
-
-    monkeypatch.setattr(launch, "_hopper_prepare_launcher", lambda: counted)
-    monkeypatch.setattr(launch, "HOPPER_PREPARE", {key_dim: None})
-    got_o, got_s = run()
-    assert runs, "the Gluon prepare pass did not run"
-    monkeypatch.setattr(launch, "HOPPER_PREPARE", {})
-    want_o, want_s = run()
-    assert relative_rms_error(got_o, want_o.double()) < 2e-3
-    assert relative_rms_error(got_s, want_s.double()) < 2e-3
+    _matches_with_the_pass_off(monkeypatch, run, "_hopper_prepare_launcher", "HOPPER_PREPARE", 2e-3)
 
 
 @pytest.mark.gpu
