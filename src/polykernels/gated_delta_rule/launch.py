@@ -289,7 +289,7 @@ def _recipe(
     has_initial: bool, output_final_state: bool, l2norm: bool, num_segments: int | None, device: torch.device,
     seen: platform.Platform, block_vs: tuple[int, int], launch: tuple[int, int],
     prepare_launch: tuple[int, int], hopper_stages: tuple[tuple[int, int], ...],
-    hopper_prepare: tuple[tuple[int, int | None], ...] = (),
+    hopper_prepare: tuple[tuple[int, int | None], ...],
 ) -> _Recipe:
     batch, tokens, heads, key_dim = q_shape
     value_heads, value_dim = v_shape[2], v_shape[3]

@@ -171,8 +171,8 @@ NORM_PERSISTENT: dict[int, tuple[int, int, int, int]] = {4096: (2, 8, 2, 3)}
 PERSISTENT_MIN_ROWS_PER_SM = 16
 # num_warps -> register cap per thread on CUDA (Triton's ``maxnreg``), so two programs share an SM.
 # Uncapped, the exact RMSNorm's 4-row, 8-warp program took 157 registers: one program per SM, and
-# B1 L1024's 256 programs ran in two waves on 132 SMs (BENCHMARKS.md, "tenth set"). ROCm has no
-# such option; its table is empty.
+# B1 L1024's 256 programs ran in two waves on 132 SMs; capped, 0.0054 -> 0.0042 ms on the H200
+# (BENCHMARKS.md, "eleventh set"). ROCm launches take no such option.
 NORM_MAX_REGISTERS_CUDA: dict[int, int] = {8: 128}
 
 
