@@ -35,16 +35,17 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from polykernels.gated_delta_rule.hopper_kernels import _copy_layout, _copy_tile, _mma_layout, _smem_layout
 
 # Element-wise and scalar arithmetic only (no layouts made), so the Triton helpers serve Gluon kernels too.
-from polykernels.gated_delta_rule.kernels import _bad, _bad_rows, _chunk_span
+from polykernels.gated_delta_rule.kernels import CHUNK_INVERSE_LEVELS, _bad, _bad_rows, _chunk_span
 
 _NAN = gl.constexpr(float("nan"))
-# (I + A)^-1 of a 64-row chunk: a^64 = 0, so six factors (I + p0) ... (I + p5) (kernels.CHUNK_INVERSE_LEVELS + 1).
-_FACTORS = gl.constexpr(6)
+# (I + A)^-1 of a 64-row chunk: the factors (I + p0) ... (I + p5), one more than the squarings.
+_FACTORS = gl.constexpr(CHUNK_INVERSE_LEVELS.value + 1)
 
 
 @gluon.jit
 def _row_rsqrt_norm(x, L2NORM: gl.constexpr):
-    """1 / ||row|| as the l2norm in the kernel defines it, or 1 without l2norm."""
+    """1 / ||row|| as the l2norm in the kernel defines it, or 1 without l2norm (kernels.py's helper
+    cannot serve here: Gluon's full needs the layout)."""
     if L2NORM:
         xf = x.to(gl.float32)
         return gl.rsqrt(gl.sum(xf * xf, axis=1) + 1e-6)

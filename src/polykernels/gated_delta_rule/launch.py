@@ -324,10 +324,10 @@ def _recipe(
     if hopper:
         recurrence_tail = {"STAGES": stages, "num_warps": 4}
     prepare_tail = {"num_warps": prep_warps, "num_stages": 1}
-    gluon_prepare = key_dim in dict(hopper_prepare) and hopper_pass(seen, dtype, key_dim)
+    caps = dict(hopper_prepare)
+    gluon_prepare = key_dim in caps and hopper_pass(seen, dtype, key_dim)
     if gluon_prepare:
-        cap = dict(hopper_prepare)[key_dim]
-        prepare_tail = {"num_warps": 4, **({"maxnreg": cap} if cap else {})}
+        prepare_tail = {"num_warps": 4, **({"maxnreg": caps[key_dim]} if caps[key_dim] else {})}
     return _Recipe(
         spec=(q_shape, v_shape, dtype, cu_dtype, num_seqs, has_initial, output_final_state, l2norm, num_segments,
               device, seen, block_vs, launch, prepare_launch, hopper_stages, hopper_prepare),
