@@ -154,10 +154,11 @@ PREPARE_LAUNCH: dict[int, tuple[int, int]] = {64: (64, 4), 128: (128, 4), 256: (
 # measured 6-10% slower than three on the H200). An empty table turns the pass off.
 HOPPER_STAGES: dict[int, int] = {32: 3, 64: 2}
 # The prepare pass on sm_90 (hopper_prepare_kernels; the inputs hopper_pass takes): per K, its register
-# cap (Triton's maxnreg; None: uncapped). At K = 128, 168 registers (16 bytes spilled) give three
-# programs per SM where 240 gave two: the kernel's first form took 1055 us uncapped and 968 capped at B1
-# T32768 32/32 on the H200 (BENCHMARKS.md, "eleventh set"). K = 64 compiles to 200 registers uncapped (two
-# programs per SM); capped it was not measured. An empty table turns the pass off.
+# cap (Triton's maxnreg; None: uncapped). At K = 128, 168 registers (24 bytes spilled) give three
+# programs per SM where 255 would give two (the kernel's first form took 1055 us uncapped and 968 capped
+# at B1 T32768 32/32 on the H200, BENCHMARKS.md "eleventh set"); 128 (four per SM, 240 bytes spilled)
+# took 721 us against 168's 551 ("twelfth set"). K = 64 compiles to 246 registers uncapped (two programs
+# per SM) and to 168 with 8 bytes spilled; capped it was not measured. An empty table turns the pass off.
 HOPPER_PREPARE: dict[int, int | None] = {64: None, 128: 168}
 # The prepare kernel's K and V tiles are at least this wide (narrower heads are masked): its
 # products (I + A)^-1 x (32 columns) of 16-bit inputs came out wrong, or faulted, on the H200
