@@ -12,8 +12,9 @@ Here products whose operands are ready are issued before any is awaited:
    after the other they were ten products); the left operands come from registers;
 3. w = (Ai diag(beta gamma / ||k||)) k, then u = (Ai diag(beta)) v (one accumulator at a time).
 
-q, k and v never pass through registers on their way to the products: the l2norm, beta and the
-gates scale the products' rows and columns (A = diag(beta / ||k||) k k^T diag(1 / ||k||)) and the
+q, k and v never pass through registers on their way to the products (with the l2norm in the
+kernel q's tile is also read for its norms, beside the products): the l2norm, beta and the gates
+scale the products' rows and columns (A = diag(beta / ||k||) k k^T diag(1 / ||k||)) and the
 inverse's columns instead of the tiles, in fp32 (the Triton kernel rounds the scaled tiles to
 16 bits first: this pass is the more accurate). Non-finite rows, which end a chunk's valid rows,
 show up in the products (||k||^2 on k k^T's diagonal, any element of u); only then are the tiles
