@@ -133,6 +133,9 @@ def resources(compiled: Any) -> dict[str, int]:
         if not match:
             return {}
         found.update(registers=int(match[1]), spill_bytes=int(match[2]))
+        serialized = serialized_products(compiled.asm.get("ptx", ""))
+        if serialized is not None:
+            found["serialized_products"] = int(serialized)
     elif "amdgcn" in compiled.asm:
         text = compiled.asm["amdgcn"]
         vgprs, scratch = re.search(r"; TotalNumVgprs: (\d+)", text), re.search(r"; ScratchSize: (\d+)", text)
@@ -140,6 +143,34 @@ def resources(compiled: Any) -> dict[str, int]:
             return {}
         found.update(registers=int(vgprs[1]), spill_bytes=int(scratch[1]))
     return found
+
+
+# What ptxas reports (its infos C7510-C7515, "Potential Performance Loss") when it must run a Hopper
+# kernel's asynchronous tensor-core products one after another: the overlap the kernel was written
+# for is gone, and the compile still succeeds. A variant of the Gluon sequential pass that left its
+# output product in flight across chunks compiled so and ran 57% slower on the H200 (BENCHMARKS.md,
+# "twelfth set").
+_SERIALIZED = "wgmma.mma_async instructions are serialized"
+
+
+def serialized_products(ptx: str) -> bool | None:
+    """Whether ptxas serializes the wgmma products of this PTX (None: it has none, or no ptxas here)."""
+    import re
+    import tempfile
+    from pathlib import Path
+
+    import triton
+
+    arch = re.search(r"^\.target\s+(sm_\w+)", ptx, re.MULTILINE)
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    if "wgmma.mma_async" not in ptx or not arch or not tool.is_file():
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "kernel.ptx"
+        source.write_text(ptx)
+        done = subprocess.run([str(tool), "-v", f"--gpu-name={arch[1]}", str(source), "-o", str(Path(tmp) / "k.cubin")],
+                              capture_output=True, text=True, check=False, timeout=300)
+    return _SERIALIZED in done.stdout + done.stderr
 
 
 def _cuobjdump_resource_usage(cubin: bytes) -> str:
@@ -188,6 +219,8 @@ def probe(name: str, target: str, timeout: float = 600.0) -> ProbeResult:
         detail = f"{result['binary']} {result['bytes']} bytes"
         if "registers" in used:
             detail += f", {used['registers']} registers, {used['spill_bytes']} spill bytes per thread"
+        if used.get("serialized_products"):
+            detail += ", its tensor-core products serialized by ptxas"
         if used.get("num_stages", 1) < spec.options.get("num_stages", 1):
             detail += (f", {used['num_stages']} of {spec.options['num_stages']} pipeline stages fit its "
                        f"{used['shared_limit']} bytes of shared memory")

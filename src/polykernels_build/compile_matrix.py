@@ -5,8 +5,9 @@ The GPU targets are the archs of targets.toml's targets, as their backends name 
 A kernel that cannot compile for a target must be guarded off there; one that its guard allows
 must compile. Either mismatch fails the matrix. Each compile also records its registers, spill
 bytes and shared memory per target (with the launcher's warps and stages): spills are reported,
-not failed, since a spilling kernel can still be the fastest one measured. Written to
-build/compile-matrix.json.
+not failed, since a spilling kernel can still be the fastest one measured. A kernel whose Hopper
+tensor-core products ptxas serializes fails it (the compile succeeds and the kernel runs slower
+than the form it was written in). Written to build/compile-matrix.json.
 """
 
 from __future__ import annotations
@@ -30,7 +31,12 @@ class MatrixResult:
 
     @property
     def consistent(self) -> bool:
-        return all(r["consistent"] for r in self.rows)
+        return all(r["consistent"] for r in self.rows) and not self.serialized
+
+    @property
+    def serialized(self) -> list[str]:
+        """kernel@target pairs whose wgmma products ptxas runs one after another (kernel_registry)."""
+        return [f"{r['kernel']}@{r['target']}" for r in self.rows if r.get("resources", {}).get("serialized_products")]
 
     @property
     def spilling(self) -> list[str]:
@@ -41,10 +47,11 @@ class MatrixResult:
     def summary(self) -> str:
         bad = [f"{r['kernel']}@{r['target']}" for r in self.rows if not r["consistent"]]
         guarded = sum(1 for r in self.rows if not r["compiled"] and not r["allowed"])
-        spills = self.spilling
+        spills, serialized = self.spilling, self.serialized
         return (f"{len(self.rows)} compiles, {guarded} guarded off as expected"
                 + (f"; {len(spills)} spill registers (see compile-matrix.json): {', '.join(spills)}" if spills else "")
-                + (f", MISSING GUARDS or broken kernels: {bad}" if bad else ""))
+                + (f", MISSING GUARDS or broken kernels: {bad}" if bad else "")
+                + (f", TENSOR-CORE PRODUCTS SERIALIZED by ptxas: {serialized}" if serialized else ""))
 
 
 _PROBE = """

@@ -92,6 +92,20 @@ def test_manifest_check_catches_a_mislabelled_wheel(tmp_path: Path) -> None:
     assert not result.passed and "target" in result.detail and "version label" in result.detail
 
 
+def test_compile_matrix_fails_kernels_whose_products_ptxas_serializes() -> None:
+    from polykernels_build.compile_matrix import MatrixResult
+
+    rows = [
+        {"kernel": "a_hopper", "target": "cuda:90", "compiled": True, "allowed": True, "consistent": True,
+         "resources": {"registers": 232, "spill_bytes": 0, "serialized_products": 1, "shared_bytes": 1024}},
+        {"kernel": "b_hopper", "target": "cuda:90", "compiled": True, "allowed": True, "consistent": True,
+         "resources": {"registers": 168, "spill_bytes": 0, "serialized_products": 0, "shared_bytes": 1024}},
+    ]
+    result = MatrixResult(rows=rows)
+    assert not result.consistent and result.serialized == ["a_hopper@cuda:90"]
+    assert result.summary.endswith("TENSOR-CORE PRODUCTS SERIALIZED by ptxas: ['a_hopper@cuda:90']")
+
+
 def test_compile_matrix_reports_spilling_kernels_without_failing() -> None:
     from polykernels_build.compile_matrix import MatrixResult
 
