@@ -154,40 +154,38 @@ _SERIALIZED = "wgmma.mma_async instructions are serialized"
 
 
 def serialized_products(ptx: str) -> bool | None:
-    """Whether ptxas serializes the wgmma products of this PTX (None: it has none, or no ptxas here)."""
+    """Whether ptxas serializes the wgmma products of this PTX (None: it has none, or no ptxas here).
+    Triton's own ptxas run keeps no log, so the PTX is assembled once more for it."""
     import re
+
+    arch = re.search(r"^\.target\s+(sm_\w+)", ptx, re.MULTILINE)
+    if "wgmma.mma_async" not in ptx or not arch:
+        return None
+    log = _run_triton_nvidia_tool("ptxas", "kernel.ptx", ptx.encode(), "-v", f"--gpu-name={arch[1]}", "-o",
+                                  "kernel.cubin")
+    return None if log is None else _SERIALIZED in log
+
+
+def _run_triton_nvidia_tool(name: str, file_name: str, content: bytes, *args: str) -> str | None:
+    """stdout and stderr of one of the NVIDIA tools Triton ships (ptxas, cuobjdump), run in a scratch
+    folder on ``content`` written to ``file_name`` (its arguments name files there); None without it."""
     import tempfile
     from pathlib import Path
 
     import triton
 
-    arch = re.search(r"^\.target\s+(sm_\w+)", ptx, re.MULTILINE)
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
-    if "wgmma.mma_async" not in ptx or not arch or not tool.is_file():
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name
+    if not tool.is_file():
         return None
     with tempfile.TemporaryDirectory() as tmp:
-        source = Path(tmp) / "kernel.ptx"
-        source.write_text(ptx)
-        done = subprocess.run([str(tool), "-v", f"--gpu-name={arch[1]}", str(source), "-o", str(Path(tmp) / "k.cubin")],
-                              capture_output=True, text=True, check=False, timeout=300)
-    return _SERIALIZED in done.stdout + done.stderr
+        (Path(tmp) / file_name).write_bytes(content)
+        done = subprocess.run([str(tool), *args, file_name], capture_output=True, text=True, check=False,
+                              timeout=300, cwd=tmp)
+    return done.stdout + done.stderr
 
 
 def _cuobjdump_resource_usage(cubin: bytes) -> str:
-    import tempfile
-    from pathlib import Path
-
-    import triton
-
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    if not tool.is_file():
-        return ""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "kernel.cubin"
-        path.write_bytes(cubin)
-        done = subprocess.run([str(tool), "--dump-resource-usage", str(path)], capture_output=True, text=True,
-                              check=False, timeout=60)
-    return done.stdout
+    return _run_triton_nvidia_tool("cuobjdump", "kernel.cubin", cubin, "--dump-resource-usage") or ""
 
 
 @dataclass(frozen=True, kw_only=True)
