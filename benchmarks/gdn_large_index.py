@@ -1,18 +1,34 @@
 """The >2^31-element check on a GPU: one long run vs the same tokens in chained pieces.
 
 HV = 32, K = V = 128: q, k, v and o [1, T, 32, 128] pass 2^31 elements beyond 524,288 tokens.
-An int32 offset there reads out of bounds or wraps. The long run is made twice, on the whole-
-sequence path and on the context-parallel (segmented) one; each piece of the chained run is
+An int32 offset there reads out of bounds or wraps. The long run is made three times: on the
+whole-sequence path, on the context-parallel (segmented) one, and whole with 64-column V tiles
+(on sm_90 the sequential pass with the state in registers); each piece of the chained run is
 below 2^31 elements, so it is a reference that needs no dense fp64 recurrence.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 
 import torch
+
+
+@contextlib.contextmanager
+def _wide_tiles() -> Iterator[None]:
+    """The sequential pass at 64-column V tiles whatever the plan would pick."""
+    from polykernels.gated_delta_rule import launch
+
+    saved = launch.RECURRENCE_BLOCK_V
+    launch.RECURRENCE_BLOCK_V = {**saved, 128: (64, 64)}
+    try:
+        yield
+    finally:
+        launch.RECURRENCE_BLOCK_V = saved
 
 
 def run_large_index_check(tokens: int = 2**31 // (32 * 128) + 4096, device: str = "cuda", segments: int = 4) -> dict:
@@ -26,12 +42,14 @@ def run_large_index_check(tokens: int = 2**31 // (32 * 128) + 4096, device: str 
     v = torch.randn(shape, device=device, dtype=torch.bfloat16, generator=gen)
     g = torch.nn.functional.logsigmoid(torch.randn(1, tokens, heads, device=device, generator=gen)) * 0.1
     beta = torch.rand(1, tokens, heads, device=device, generator=gen).sigmoid().bfloat16()
-    # Both paths over the same tokens: whole (one program per V tile and head walks every chunk)
-    # and forced context parallelism (segment states, combine, recurrence per segment).
+    # Three paths over the same tokens: whole (one program per V tile and head walks every chunk),
+    # forced context parallelism (segment states, combine, recurrence per segment), and whole at the
+    # wide V tile.
     full = {}
-    for label, forced in (("whole", 1), ("segmented", segments)):
+    for label, forced, wide in (("whole", 1, False), ("segmented", segments, False), ("whole_wide", 1, True)):
         start = time.perf_counter()
-        full[label] = chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, num_segments=forced)
+        with _wide_tiles() if wide else contextlib.nullcontext():
+            full[label] = chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, num_segments=forced)
         torch.cuda.synchronize()
         full[label] += (round(time.perf_counter() - start, 3),)
     step = -(-tokens // segments // 64) * 64
@@ -50,8 +68,8 @@ def run_large_index_check(tokens: int = 2**31 // (32 * 128) + 4096, device: str 
         result[f"{label}_state_error"] = float((state - full_state).pow(2).mean().sqrt()
                                                / full_state.pow(2).mean().sqrt())
         result[f"{label}_seconds"] = seconds
-    result["o_error"] = max(result["whole_o_error"], result["segmented_o_error"])
-    result["state_error"] = max(result["whole_state_error"], result["segmented_state_error"])
+    result["o_error"] = max(result[f"{label}_o_error"] for label in full)
+    result["state_error"] = max(result[f"{label}_state_error"] for label in full)
     return result
 
 

@@ -20,7 +20,9 @@ def choose(device_type: str) -> Choice:
                             "state on chip; sequences are cut into segments when N x HV x V tiles fill at most half "
                             "the SMs (launch.plan_segments; num_segments= overrides); on sm_90 both passes "
                             "of bf16/fp16 inputs with K = 64 or 128 are Gluon kernels with asynchronous wgmma "
-                            "under Triton 3.6 (launch.hopper_pass, hopper_kernels, hopper_prepare_kernels)")
+                            "under Triton 3.6 (launch.hopper_pass, hopper_kernels, hopper_prepare_kernels), the "
+                            "sequential one with the state in registers at 64-column V tiles of uncut sequences "
+                            "(hopper_register_kernels)")
 
 
 def dot_precision(fp32_inputs: bool) -> str:

@@ -48,7 +48,7 @@ class SegmentPlan:
 
 def plan_segments(
     num_seqs: int, total_tokens: int, value_heads: int, sm_count: int, num_segments: int | None = None,
-    *, key_dim: int = 128, value_dim: int = 128,
+    *, key_dim: int = 128, value_dim: int = 128, register_state: bool = False,
 ) -> SegmentPlan:
     """The V tile and the segments per sequence, from (N, HV, T, K, V, SMs).
 
@@ -57,6 +57,11 @@ def plan_segments(
     long enough to be cut anyway (there, on the H200, wide tiles with more segments beat narrow
     ones with fewer: 0.66 vs 0.75 ms at 1 x 32768 tokens x 8 value heads, BENCHMARKS.md); narrow
     ones otherwise. Then segments while the programs fill at most half the SMs.
+
+    ``register_state``: the device runs the sequential pass with the state in registers at the
+    wide tile (sm_90, ``hopper_register_kernels``), which takes each chunk of 64 columns in about
+    1.3x the time the narrow pass takes for 32: wide tiles then whenever narrow ones would need
+    more waves of programs (BENCHMARKS.md, "thirteenth set").
     """
     chunks = max(1, -(-total_tokens // num_seqs // CHUNK))
     wide, narrow = RECURRENCE_BLOCK_V[_block(key_dim)]
@@ -64,7 +69,8 @@ def plan_segments(
     wide_programs = num_seqs * value_heads * -(-value_dim // wide)
     narrow_programs = num_seqs * value_heads * -(-value_dim // narrow)
     cut_anyway = 2 * narrow_programs <= sm_count and chunks >= 2 * MIN_SEGMENT_CHUNKS
-    block_v = wide if wide_programs >= 2 * sm_count or cut_anyway else narrow
+    fewer_waves = register_state and -(-wide_programs // sm_count) < -(-narrow_programs // sm_count)
+    block_v = wide if wide_programs >= 2 * sm_count or cut_anyway or fewer_waves else narrow
     programs = num_seqs * value_heads * -(-value_dim // block_v)
     if num_segments is not None:
         segments, why = num_segments, f"{num_segments} segments per sequence requested"
@@ -126,6 +132,15 @@ def _hopper_launcher() -> object:
 
 
 @functools.cache
+def _hopper_register_launcher() -> object:
+    """The Gluon sequential pass with the state in registers, imported on first use on sm_90 only."""
+    from polykernels._launch import Launcher
+    from polykernels.gated_delta_rule import hopper_register_kernels
+
+    return Launcher(hopper_register_kernels.gdn_recurrence_hopper_rs_kernel)
+
+
+@functools.cache
 def _hopper_prepare_launcher() -> object:
     """The Gluon prepare pass, imported on first use on sm_90 only."""
     from polykernels._launch import Launcher
@@ -153,6 +168,10 @@ PREPARE_LAUNCH: dict[int, tuple[int, int]] = {64: (64, 4), 128: (128, 4), 256: (
 # V tile, what fits 227 KiB of shared memory beside the state's tiles (two stages at the narrow tile
 # measured 6-10% slower than three on the H200). An empty table turns the pass off.
 HOPPER_STAGES: dict[int, int] = {32: 3, 64: 2}
+# The sequential pass on sm_90 with the state in registers (hopper_register_kernels; transposed,
+# so its V tile is wgmma's 64 rows): cp.async stages per V tile. A V tile in this table runs it
+# instead of hopper_kernels' pass.
+HOPPER_REGISTER_STAGES: dict[int, int] = {64: 3}
 # The prepare pass on sm_90 (hopper_prepare_kernels; the inputs hopper_pass takes): per K, its register
 # cap (Triton's maxnreg; None: uncapped). At K = 128, 168 registers (24 bytes spilled) give three
 # programs per SM where 255 would give two (the kernel's first form took 1055 us uncapped and 968 capped
@@ -201,7 +220,8 @@ def launch_chunk_gated_delta_rule(
                      initial_state is not None, output_final_state, use_qk_l2norm_in_kernel, num_segments, device,
                      platform.current(), RECURRENCE_BLOCK_V[block_k],
                      RECURRENCE_LAUNCH[block_k], PREPARE_LAUNCH[max(block_k, PREPARE_MIN_BLOCK)],
-                     tuple(HOPPER_STAGES.items()), tuple(HOPPER_PREPARE.items()))
+                     tuple(HOPPER_STAGES.items()), tuple(HOPPER_PREPARE.items()),
+                     tuple(HOPPER_REGISTER_STAGES.items()))
     run = _launchers()
     cu = cu_seqlens if cu_seqlens is not None else _unused_offsets(device)
     initial = initial_state.float().contiguous() if initial_state is not None else final
@@ -246,7 +266,8 @@ def launch_chunk_gated_delta_rule(
                  tensors=lambda: views().plan)
     prepare = _hopper_prepare_launcher() if recipe.hopper_prepare else run.prepare
     prepare(recipe.prepare_grid, args.prepare, recipe.prepare_meta, spec_key=spec, tensors=lambda: views().prepare)
-    sequential = _hopper_launcher() if recipe.hopper else run.recurrence
+    sequential = (_hopper_register_launcher() if recipe.hopper_registers else _hopper_launcher() if recipe.hopper
+                  else run.recurrence)
     if recipe.segment_chunks:
         sequential(recipe.segment_state_grid, args.segment_state, recipe.segment_state_meta, spec_key=(spec, True),
                    tensors=lambda: views().segment_state)
@@ -277,7 +298,8 @@ class _Recipe:
     combine_meta: dict[str, object]
     recurrence_grid: tuple[int, ...]
     recurrence_meta: dict[str, object]
-    hopper: bool  # the sequential passes run hopper_kernels' Gluon kernel
+    hopper: bool  # the sequential passes run a Gluon kernel: hopper_kernels' ...
+    hopper_registers: bool  # ... or hopper_register_kernels' (the state in registers; uncut sequences)
     hopper_prepare: bool  # the prepare pass runs hopper_prepare_kernels' Gluon kernel
     workspace: Layout  # every intermediate (_Scratch)
 
@@ -290,13 +312,15 @@ def _recipe(
     has_initial: bool, output_final_state: bool, l2norm: bool, num_segments: int | None, device: torch.device,
     seen: platform.Platform, block_vs: tuple[int, int], launch: tuple[int, int],
     prepare_launch: tuple[int, int], hopper_stages: tuple[tuple[int, int], ...],
-    hopper_prepare: tuple[tuple[int, int | None], ...],
+    hopper_prepare: tuple[tuple[int, int | None], ...], hopper_register_stages: tuple[tuple[int, int], ...],
 ) -> _Recipe:
     batch, tokens, heads, key_dim = q_shape
     value_heads, value_dim = v_shape[2], v_shape[3]
     varlen, total = cu_dtype is not None, batch * tokens
+    wide_tile = min(block_vs[0], _block(value_dim))
+    register_state = wide_tile in dict(hopper_register_stages) and hopper_pass(seen, dtype, key_dim)
     plan = plan_segments(num_seqs, total, value_heads, platform.sm_count(device), num_segments, key_dim=key_dim,
-                         value_dim=value_dim)
+                         value_dim=value_dim, register_state=register_state)
     segment_chunks = plan.segment_chunks if plan.segments > 1 else 0
     block_k, block_v = _block(key_dim), plan.block_v
     precision = guards.dot_precision(fp32_inputs=dtype == torch.float32)
@@ -320,8 +344,12 @@ def _recipe(
     value_tiles = -(-value_dim // block_v)
     recurrence = {**shape, "BV": block_v, "NV": value_tiles, **where}
     recurrence_tail = {"num_warps": num_warps, "num_stages": num_stages}
-    stages = dict(hopper_stages).get(block_v)
+    # The register-state pass where the plan cut nothing: beside the segment passes it measured 1-4%
+    # slower than the shared-state pass at the wide tile (BENCHMARKS.md, "thirteenth set").
+    register_stages = dict(hopper_register_stages).get(block_v) if not segment_chunks else None
+    stages = register_stages or dict(hopper_stages).get(block_v)
     hopper = stages is not None and hopper_pass(seen, dtype, key_dim)
+    hopper_registers = hopper and register_stages is not None
     if hopper:
         recurrence_tail = {"STAGES": stages, "num_warps": 4}
     prepare_tail = {"num_warps": prep_warps, "num_stages": 1}
@@ -331,7 +359,7 @@ def _recipe(
         prepare_tail = {"num_warps": 4, **({"maxnreg": caps[key_dim]} if caps[key_dim] else {})}
     return _Recipe(
         spec=(q_shape, v_shape, dtype, cu_dtype, num_seqs, has_initial, output_final_state, l2norm, num_segments,
-              device, seen, block_vs, launch, prepare_launch, hopper_stages, hopper_prepare),
+              device, seen, block_vs, launch, prepare_launch, hopper_stages, hopper_prepare, hopper_register_stages),
         chunks_per_seq=chunks_per_seq, segment_chunks=segment_chunks,
         segments_per_seq=segments_per_seq, max_segments=max_segments, segment_tokens=segment_tokens,
         plan_meta={"BT": CHUNK, "BLOCK": 1024, "num_warps": 4, "num_stages": 1},
@@ -350,6 +378,7 @@ def _recipe(
         recurrence_meta={**recurrence, "HAS_INITIAL": has_initial or bool(segment_chunks), "SEGMENT_STATE": False,
                          "STORE_FINAL": output_final_state, **recurrence_tail},
         hopper=hopper,
+        hopper_registers=hopper_registers,
         hopper_prepare=gluon_prepare,
         workspace=_workspace(total, value_heads, key_dim, value_dim, dtype, num_seqs, varlen, max_segments,
                              bool(segment_chunks)),

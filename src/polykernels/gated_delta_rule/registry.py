@@ -13,6 +13,7 @@ from polykernels import platform
 from polykernels.gated_delta_rule.guards import dot_precision, prepare_precision
 from polykernels.gated_delta_rule.launch import (
     HOPPER_PREPARE,
+    HOPPER_REGISTER_STAGES,
     HOPPER_STAGES,
     PREPARE_LAUNCH,
     RECURRENCE_BLOCK_V,
@@ -134,4 +135,14 @@ register(KernelSpec(
     constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV},
     allowed=_on_hopper, platform_constexprs=functools.partial(_prepare_precision, False),
     options={"num_warps": 4, **({"maxnreg": _PREPARE_CAP} if _PREPARE_CAP else {})},
+))
+# The Gluon sequential pass with the state in registers (sm_90 only), at its one V tile (64 columns);
+# uncut sequences only (launch._recipe), so no segment-state form.
+register(KernelSpec(
+    name="gdn_recurrence_hopper_rs", module="polykernels.gated_delta_rule.hopper_register_kernels",
+    function="gdn_recurrence_hopper_rs_kernel", signature={**_RECURRENCE_SIGNATURE, "STAGES": "constexpr"},
+    constexprs={**_SHAPE, "V": 128, "BV": 64, "NV": 2, "VARLEN": True, "LOG_N": 4, "HAS_INITIAL": True,
+                "SEGMENT_STATE": False, "STORE_FINAL": True, "STAGES": HOPPER_REGISTER_STAGES[64]},
+    allowed=_on_hopper, platform_constexprs=_precision,
+    options={"num_warps": 4},
 ))

@@ -172,6 +172,46 @@ def test_segment_plan_fills_the_gpu_and_can_be_forced() -> None:
     assert plan_segments(1, 100, 1, 132).segments == 1
 
 
+def test_segment_plan_takes_wide_tiles_for_fewer_waves_with_the_register_state_pass() -> None:
+    from polykernels.gated_delta_rule.launch import plan_segments
+
+    # 1 x 8192 x 64 value heads: 128 wide programs fill 132 SMs in one wave where 256 narrow ones
+    # take two; the register-state pass runs 64 columns in about 1.3x the narrow pass's time for 32.
+    assert plan_segments(1, 8192, 64, 132).block_v == 32
+    assert (plan_segments(1, 8192, 64, 132, register_state=True).block_v,
+            plan_segments(1, 8192, 64, 132, register_state=True).segments) == (64, 1)
+    assert plan_segments(8, 8 * 1024, 8, 132, register_state=True).block_v == 64  # 8 x 1024 tokens, 8 heads
+    # One sequence x 32 heads: 64 wide programs or 128 narrow ones, one wave either way: narrow.
+    assert plan_segments(1, 32768, 32, 132, register_state=True).block_v == 32
+    # Thin shapes are cut as before.
+    assert plan_segments(1, 65536, 8, 132, register_state=True) == plan_segments(1, 65536, 8, 132)
+
+
+@pytest.mark.parametrize(("value_heads", "num_segments", "registers"), [
+    (64, None, True), (64, 2, False), (32, None, False)], ids=["uncut-wide", "cut", "narrow"])
+def test_register_state_pass_runs_uncut_wide_tiles_on_sm90(monkeypatch: pytest.MonkeyPatch, value_heads: int,
+                                                           num_segments: int | None, registers: bool) -> None:
+    # The recipe picks hopper_register_kernels' pass at the wide tile of uncut sequences on sm_90;
+    # cut sequences (beside the segment passes it was slower) and narrow tiles keep hopper_kernels'.
+    from polykernels import platform
+    from polykernels.gated_delta_rule import launch
+    from polykernels.platform import Platform
+
+    monkeypatch.setattr(launch, "_triton_release", lambda: "3.6")
+    monkeypatch.setattr(platform, "sm_count", lambda device: 132)
+    seen = Platform(backend="cuda", arch="sm_90", device_name=None, warp_size=32, runtime_version=None)
+    heads = value_heads // 4
+    recipe = launch._recipe(
+        torch.Size([1, 8192, heads, 128]), torch.Size([1, 8192, value_heads, 128]), torch.bfloat16, None, 1, False,
+        True, False, num_segments, torch.device("cpu"), seen, launch.RECURRENCE_BLOCK_V[128],
+        launch.RECURRENCE_LAUNCH[128], launch.PREPARE_LAUNCH[128], tuple(launch.HOPPER_STAGES.items()),
+        tuple(launch.HOPPER_PREPARE.items()), tuple(launch.HOPPER_REGISTER_STAGES.items()))
+    assert recipe.hopper and recipe.hopper_registers is registers
+    assert recipe.recurrence_meta["BV"] == (64 if registers or num_segments else 32)
+    assert recipe.recurrence_meta["STAGES"] == (launch.HOPPER_REGISTER_STAGES[64] if registers
+                                                else launch.HOPPER_STAGES[recipe.recurrence_meta["BV"]])
+
+
 @pytest.mark.parametrize("sm_count", [80, 108, 132, 304])
 def test_segment_plan_cuts_into_one_wave(sm_count: int) -> None:
     from polykernels.gated_delta_rule.launch import plan_segments
@@ -421,14 +461,24 @@ def _starting_mid_row(tensor: torch.Tensor) -> torch.Tensor:
     (3000, 128, 128, None, None, torch.float16, False),
     (1000, 128, 128, None, None, torch.bfloat16, True)],
     ids=["K128", "K64-V100-packed-3seg", "K128-packed-3seg", "K128-V64-2seg", "K128-fp16", "K128-qk-mid-row"])
+@pytest.mark.parametrize("variant", ["shared-state", "register-state"])
 def test_gpu_hopper_pass_matches_the_portable_pass(gpu_device: str, monkeypatch: pytest.MonkeyPatch, tokens: int,
                                                    key_dim: int, value_dim: int, lengths, segments,
-                                                   dtype: torch.dtype, mid_row: bool) -> None:
-    # The Gluon sequential pass (sm_90) against the Triton one on the same prepared chunks: its
-    # cp.async tiles reading zeros past each sequence's end and past V (100 columns), fp16, and q, k
-    # views starting off a 16-byte boundary (copied first).
+                                                   dtype: torch.dtype, mid_row: bool, variant: str) -> None:
+    # Each Gluon sequential pass (sm_90) against the pass that runs without it on the same prepared
+    # chunks (the shared-state pass against the Triton one; the register-state pass, at its 64-column
+    # V tile, against the shared-state pass): cp.async tiles reading zeros past each sequence's end
+    # and past V (100 columns), fp16, and q, k views starting off a 16-byte boundary (copied first).
     if torch.cuda.get_device_capability(gpu_device) != (9, 0):
-        pytest.skip("the Gluon sequential pass runs on sm_90 only; the other GPU tests cover this GPU's pass")
+        pytest.skip("the Gluon sequential passes run on sm_90 only; the other GPU tests cover this GPU's pass")
+    from polykernels.gated_delta_rule import launch
+
+    if variant == "shared-state":
+        monkeypatch.setattr(launch, "HOPPER_REGISTER_STAGES", {})
+        factory, table = "_hopper_launcher", "HOPPER_STAGES"
+    else:  # at its 64-column tile, on uncut sequences (the recipe's rule)
+        monkeypatch.setattr(launch, "RECURRENCE_BLOCK_V", {**launch.RECURRENCE_BLOCK_V, key_dim: (64, 64)})
+        factory, table, segments = "_hopper_register_launcher", "HOPPER_REGISTER_STAGES", 1
     inputs = make_inputs(1, tokens, 2, 4, key_dim, value_dim, dtype, device=gpu_device)
     if mid_row:
         inputs = (_starting_mid_row(inputs[0]), _starting_mid_row(inputs[1]), *inputs[2:])
@@ -439,7 +489,7 @@ def test_gpu_hopper_pass_matches_the_portable_pass(gpu_device: str, monkeypatch:
     def run():
         return launch_chunk_gated_delta_rule(*inputs, key_dim**-0.5, h0, True, cu, False, segments)
 
-    _matches_with_the_pass_off(monkeypatch, run, "_hopper_launcher", "HOPPER_STAGES", 1e-3)
+    _matches_with_the_pass_off(monkeypatch, run, factory, table, 1e-3)
 
 
 @pytest.mark.gpu
@@ -540,7 +590,8 @@ def test_kernels_compile_for_amd(target: str) -> None:
 
     family = [name for name in kernels() if name.startswith("gdn_")]
     names = [name for name in family if kernels()[name].allowed_on(target)]
-    assert set(family) - set(names) == {"gdn_recurrence_hopper", "gdn_segment_state_hopper", "gdn_prepare_hopper"}
+    assert set(family) - set(names) == {"gdn_recurrence_hopper", "gdn_segment_state_hopper", "gdn_prepare_hopper",
+                                        "gdn_recurrence_hopper_rs"}
     assert set(names) == {"gdn_plan", "gdn_prepare", "gdn_recurrence", "gdn_segment_state", "gdn_combine",
                           "gdn_recurrence_fp32", "gdn_prepare_fp32"}
     for kernel in names:

@@ -1,0 +1,171 @@
+"""The sequential pass of the gated delta rule for Hopper (sm_90), state in registers, in Gluon.
+
+The same pass as ``hopper_kernels.gdn_recurrence_hopper_kernel`` (same arguments, same results up
+to the order of fp32 sums), computed transposed: the program holds h^T (its BV value columns as
+rows, K columns) in registers, and every product on the state's path takes its left operand from
+registers (as FlashAttention 3 keeps P):
+
+    v_new^T = u^T - h^T w^T          (h^T: registers; w^T: the chunk's w tile in shared memory)
+    h'^T    = decay h^T + (v_new^T diag(k_scale)) k
+    o^T     = h^T q^T diag(q_scale) + v_new^T P^T
+
+so neither the state nor v_new goes through shared memory (and no fence and barrier) between
+one product and the next; the accumulator of one product becomes the next's left operand in
+place. wgmma's 64-row products make BV = 64: one warpgroup per program. It runs uncut sequences
+(launch._recipe): on the H200 a chunk of 64 columns takes it about 1.3x what the shared-state
+pass takes for 32, and beside the segment passes it was the slower one (BENCHMARKS.md,
+"thirteenth set").
+
+Offsets: int64 up to each chunk's first element, int32 inside a chunk (as in kernels.py).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    async_copy,
+    fence_async_shared,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from polykernels.gated_delta_rule.hopper_kernels import _copy_chunk_tiles, _mma_layout
+
+# Scalar arithmetic only (no layouts), so the Triton helper serves Gluon kernels too.
+from polykernels.gated_delta_rule.kernels import _segment
+
+
+@gluon.constexpr_function
+def _transposed_store_layout(block_v):
+    # o^T tiles leave as o rows: each thread 8 consecutive value columns (16 bytes) of one token.
+    per_col = block_v // 8
+    return gl.BlockedLayout(size_per_thread=[8, 1], threads_per_warp=[per_col, 32 // per_col], warps_per_cta=[1, 4],
+                            order=[0, 1])
+
+
+@gluon.jit
+def _copy_chunk_t(chunk_start, end, stage, i_h, i_hv, col0, u_limit, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr,
+                  KS_ptr, w_s, k_s, q_s, p_s, u_s, scales_s, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
+                  V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr, U_COLS_IN: gl.constexpr):
+    """The chunk's tiles and its per-token scales (q's, then k's) into stage ``stage``, one cp.async
+    group. Transposed, a scale vector costs 16 registers per thread: they wait in shared memory."""
+    _copy_chunk_tiles(chunk_start, end, stage, i_h, i_hv, col0, u_limit, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr,
+                      w_s, k_s, q_s, p_s, u_s, H, HV, K, V, BT, BK, BV, True, False, U_COLS_IN)
+    layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[4],
+                                            order=[0])
+    i = gl.arange(0, 2 * BT, layout=layout)
+    token = i % BT
+    offsets = (chunk_start * HV + i_hv) + token * HV
+    pointers = gl.where(i < BT, QS_ptr + offsets, KS_ptr + offsets)
+    async_copy.async_copy_global_to_shared(scales_s.index(stage), pointers, chunk_start + token < end)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _store_output_t(O_ptr, out_s, chunk_start, end, i_hv, col0, HV: gl.constexpr, V: gl.constexpr,
+                    BT: gl.constexpr, BV: gl.constexpr):
+    """The chunk's o^T tile, waiting in shared memory, stored as o's rows: 16 bytes per thread."""
+    layout: gl.constexpr = _transposed_store_layout(BV)
+    cols = col0 + gl.arange(0, BV, layout=gl.SliceLayout(1, layout))
+    tokens = gl.arange(0, BT, layout=gl.SliceLayout(0, layout))
+    tile = (chunk_start * HV + i_hv) * V + tokens[None, :] * (HV * V) + cols[:, None]
+    mask = (chunk_start + tokens < end)[None, :] & (cols[:, None] < V)
+    gl.store(O_ptr + tile, out_s.load(layout), mask=mask)
+
+
+@gluon.jit
+def gdn_recurrence_hopper_rs_kernel(
+    Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr, HINIT_ptr, HT_ptr, O_ptr, HLOC_ptr, M_ptr,
+    CU, SEG_OFFSETS, T, N, SEGS_PER_SEQ, SEG_TOKENS,
+    H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
+    BV: gl.constexpr, NV: gl.constexpr, VARLEN: gl.constexpr, LOG_N: gl.constexpr, HAS_INITIAL: gl.constexpr,
+    SEGMENT_STATE: gl.constexpr, STORE_FINAL: gl.constexpr, DOT_PRECISION: gl.constexpr,
+    STAGES: gl.constexpr,
+):
+    gl.static_assert(K == BK, "the Hopper pass takes whole K rows (K a power of two)")
+    gl.static_assert(BV == 64, "the state's rows are one warpgroup's 64-row products")
+    # Uncut sequences only (launch._recipe): beside the segment passes the shared-state pass was faster.
+    gl.static_assert(not SEGMENT_STATE, "the segment-state pass is hopper_kernels'")
+    state_l: gl.constexpr = _mma_layout(BK)  # h^T: BV x K
+    chunk_l: gl.constexpr = _mma_layout(BT)  # v_new^T, o^T: BV x BT
+    # Left operands from registers: an accumulator's registers are already the operand's.
+    state_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=chunk_l, k_width=2)
+    update_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=state_l, k_width=2)
+    v_rows: gl.constexpr = gl.SliceLayout(1, state_l)
+    k_cols: gl.constexpr = gl.SliceLayout(0, state_l)
+    tokens_of: gl.constexpr = gl.SliceLayout(0, chunk_l)
+    dtype: gl.constexpr = W_ptr.dtype.element_ty
+    U_COLS_IN: gl.constexpr = V % BV == 0
+
+    i_col = gl.program_id(0)
+    i_s = gl.program_id(1).to(gl.int64)
+    i_hv = gl.program_id(2).to(gl.int64)
+    i_h = i_hv // (HV // H)
+    n, j, count, start, end, valid = _segment(i_s, CU, SEG_OFFSETS, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN, LOG_N)
+    k_idx = gl.arange(0, BK, layout=k_cols)
+    col0 = i_col * BV
+    cols = col0 + gl.arange(0, BV, layout=v_rows)
+    u_limit = V
+    # The state is stored K x V: h^T's element (v, k) sits at k * V + v.
+    tile = k_idx[None, :] * V + cols[:, None]
+    tile_mask = (k_idx[None, :] < K) & (cols[:, None] < V) & valid
+    if HAS_INITIAL:
+        state = gl.load(HINIT_ptr + (i_s * HV + i_hv) * K * V + tile, mask=tile_mask, other=0.0)
+    else:
+        state = gl.zeros([BV, BK], gl.float32, layout=state_l)
+
+    chunk_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BK], dtype)
+    w_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], chunk_layout)
+    k_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], chunk_layout)
+    q_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], chunk_layout)
+    p_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BT], gl.NVMMASharedLayout.get_default_for([BT, BT], dtype))
+    u_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BV], gl.NVMMASharedLayout.get_default_for([BT, BV], dtype))
+    scales_s = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * BT],
+                                         gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
+
+    for ahead in gl.static_range(STAGES - 1):
+        _copy_chunk_t(start + ahead * BT, end, ahead, i_h, i_hv, col0, u_limit, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr,
+                      QS_ptr, KS_ptr, w_s, k_s, q_s, p_s, u_s, scales_s, H, HV, K, V, BT, BK, BV, U_COLS_IN)
+    zero = gl.zeros([BV, BT], gl.float32, layout=chunk_l)
+    chunks = ((end - start + BT - 1) // BT).to(gl.int32)
+    # Each chunk's output waits in shared memory (two buffers, alternating) and leaves during the
+    # next chunk, while its products run: held in registers across the loop it made the pass spill.
+    out_s = gl.allocate_shared_memory(dtype, [2, BV, BT], gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8,
+                                                                                  order=[0, 1]))
+    for c in range(0, chunks):
+        chunk_start = start + c * BT
+        stage = c % STAGES
+        decay = gl.load(DECAY_ptr + chunk_start * HV + i_hv)
+        async_copy.wait_group(STAGES - 2)  # this chunk's tiles are in
+        fence_async_shared()
+        gl.thread_barrier()  # every thread's copies, and the previous chunk's reads of the stage reused below
+        # -h: v_new = u + (-h) w accumulates onto u's tile; o's first term is then -(h q).
+        minus_h = gl.convert_layout((-state).to(dtype), state_a)
+        u_t = u_s.index(stage).permute((1, 0)).load(chunk_l).to(gl.float32)
+        v_new = warpgroup_mma(minus_h, w_s.index(stage).permute((1, 0)), u_t, is_async=True)
+        minus_qh = warpgroup_mma(minus_h, q_s.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True)
+        # While the products run: the chunk STAGES - 1 ahead into the stage the previous chunk used.
+        _copy_chunk_t(chunk_start + (STAGES - 1) * BT, end, (c + STAGES - 1) % STAGES, i_h, i_hv, col0, u_limit,
+                      Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, w_s, k_s, q_s, p_s, u_s, scales_s, H, HV, K,
+                      V, BT, BK, BV, U_COLS_IN)
+        if c > 0:  # the previous chunk's output
+            _store_output_t(O_ptr, out_s.index((c + 1) % 2), chunk_start - BT, end, i_hv, col0, HV, V, BT, BV)
+        k_scale = scales_s.index(stage).slice(BT, BT).load(tokens_of)
+        v_new = warpgroup_mma_wait(1, deps=(v_new,))  # q h may run on
+        update = gl.convert_layout((v_new * k_scale[None, :]).to(dtype), update_a)
+        state = warpgroup_mma(update, k_s.index(stage), state * decay, is_async=True)
+        minus_q_scale = -scales_s.index(stage).slice(0, BT).load(tokens_of)
+        minus_qh = warpgroup_mma_wait(1, deps=(minus_qh,))
+        out = warpgroup_mma(gl.convert_layout(v_new.to(dtype), state_a), p_s.index(stage).permute((1, 0)),
+                            minus_qh * minus_q_scale[None, :], is_async=True)
+        state, out = warpgroup_mma_wait(0, deps=(state, out))
+        out_s.index(c % 2).store(out.to(dtype))
+    async_copy.wait_group(0)
+    if chunks > 0:
+        gl.thread_barrier()  # every thread's part of the last output tile is in
+        _store_output_t(O_ptr, out_s.index((chunks + 1) % 2), start + (chunks - 1) * BT, end, i_hv, col0, HV, V, BT,
+                        BV)
+
+    if STORE_FINAL:
+        gl.store(HT_ptr + (n * HV + i_hv) * K * V + tile, state, mask=tile_mask & (j == count - 1))
