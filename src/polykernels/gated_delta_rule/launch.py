@@ -81,6 +81,9 @@ def plan_segments(
         segments = max(1, min(sm_count // programs, chunks // MIN_SEGMENT_CHUNKS))
         why = (f"{programs} sequential programs (N x HV x V/{block_v}) for {sm_count} SMs: {segments} segments "
                f"of >= {MIN_SEGMENT_CHUNKS} chunks per sequence")
+    if block_v == wide and fewer_waves and not (wide_programs >= 2 * sm_count or cut_anyway):
+        why += (f"; {wide}-column V tiles: {-(-wide_programs // sm_count)} wave(s) of register-state programs where "
+                f"{narrow}-column ones take {-(-narrow_programs // sm_count)}")
     segments = max(1, min(segments, chunks))
     return SegmentPlan(segments=segments, segment_chunks=-(-chunks // segments), block_v=block_v, reason=why)
 
