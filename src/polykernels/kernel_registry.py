@@ -15,6 +15,7 @@ import argparse
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -124,7 +125,6 @@ def resources(compiled: Any) -> dict[str, int]:
     """Registers per thread, spill bytes per thread and shared memory per program of a compiled
     kernel, read on this CPU: what makes a kernel slow before any GPU runs it (a spilling
     kernel's stack or scratch traffic). Empty where the tool to read them is missing."""
-    import re
 
     found: dict[str, int] = {"shared_bytes": int(getattr(compiled.metadata, "shared", 0))}
     if "cubin" in compiled.asm:
@@ -133,6 +133,8 @@ def resources(compiled: Any) -> dict[str, int]:
         if not match:
             return {}
         found.update(registers=int(match[1]), spill_bytes=int(match[2]))
+        if found["spill_bytes"]:
+            found["loop_spill_instructions"] = loop_local_memory_instructions(_cuobjdump_sass(compiled.asm["cubin"]))
         serialized = serialized_products(compiled.asm.get("ptx", ""))
         if serialized is not None:
             found["serialized_products"] = int(serialized)
@@ -156,7 +158,6 @@ _SERIALIZED = "wgmma.mma_async instructions are serialized"
 def serialized_products(ptx: str) -> bool | None:
     """Whether ptxas serializes the wgmma products of this PTX (None: it has none, or no ptxas here).
     Triton's own ptxas run keeps no log, so the PTX is assembled once more for it."""
-    import re
 
     arch = re.search(r"^\.target\s+(sm_\w+)", ptx, re.MULTILINE)
     if "wgmma.mma_async" not in ptx or not arch:
@@ -186,6 +187,34 @@ def _run_triton_nvidia_tool(name: str, file_name: str, content: bytes, *args: st
 
 def _cuobjdump_resource_usage(cubin: bytes) -> str:
     return _run_triton_nvidia_tool("cuobjdump", "kernel.cubin", cubin, "--dump-resource-usage") or ""
+
+
+def _cuobjdump_sass(cubin: bytes) -> str:
+    return _run_triton_nvidia_tool("cuobjdump", "kernel.cubin", cubin, "-sass") or ""
+
+
+# A SASS line: /*address*/ [predicate] OPCODE operands ; and a branch's target address.
+_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*)")
+_BRANCH_TARGET = re.compile(r"\b(0x[0-9a-f]+)")
+
+
+def loop_local_memory_instructions(sass: str) -> int:
+    """Spill loads and stores (``LDL``/``STL``) inside loops of a kernel's SASS: between a backward
+    branch and its target. A spill there is paid every iteration: the first form of the
+    register-state sequential pass reloaded one address per chunk and lost 40% to it on the H200
+    (BENCHMARKS.md, "thirteenth set"); spills before or after the loop cost once."""
+    instructions = []  # (address, opcode, operands)
+    for line in sass.splitlines():
+        match = _SASS_LINE.search(line)
+        if match:
+            instructions.append((int(match[1], 16), match[2], match[3]))
+    loops = []
+    for address, opcode, operands in instructions:
+        target = _BRANCH_TARGET.search(operands) if opcode.startswith("BRA") else None
+        if target and int(target[1], 16) < address:
+            loops.append((int(target[1], 16), address))
+    return sum(1 for address, opcode, _ in instructions if opcode.split(".")[0] in ("LDL", "STL")
+               and any(start <= address <= end for start, end in loops))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -44,12 +44,19 @@ class MatrixResult:
         return [f"{r['kernel']}@{r['target']}" for r in self.rows if r.get("resources", {}).get("spill_bytes")]
 
     @property
+    def spilling_in_loops(self) -> list[str]:
+        """The spilling pairs whose spill loads or stores sit inside a loop (paid every iteration)."""
+        return [f"{r['kernel']}@{r['target']}" for r in self.rows
+                if r.get("resources", {}).get("loop_spill_instructions")]
+
+    @property
     def summary(self) -> str:
         bad = [f"{r['kernel']}@{r['target']}" for r in self.rows if not r["consistent"]]
         guarded = sum(1 for r in self.rows if not r["compiled"] and not r["allowed"])
         spills, serialized = self.spilling, self.serialized
         return (f"{len(self.rows)} compiles, {guarded} guarded off as expected"
                 + (f"; {len(spills)} spill registers (see compile-matrix.json): {', '.join(spills)}" if spills else "")
+                + (f"; inside a loop: {', '.join(self.spilling_in_loops)}" if self.spilling_in_loops else "")
                 + (f", MISSING GUARDS or broken kernels: {bad}" if bad else "")
                 + (f", TENSOR-CORE PRODUCTS SERIALIZED by ptxas: {serialized}" if serialized else ""))
 

@@ -92,16 +92,19 @@ def test_manifest_check_catches_a_mislabelled_wheel(tmp_path: Path) -> None:
     assert not result.passed and "target" in result.detail and "version label" in result.detail
 
 
+def _compiled_row(kernel: str, target: str, **resources: int) -> dict:
+    """A compile matrix row of a kernel that compiled where its guard allows it."""
+    return {"kernel": kernel, "target": target, "compiled": True, "allowed": True, "consistent": True,
+            "resources": {"shared_bytes": 1024, **resources}}
+
+
 def test_compile_matrix_fails_kernels_whose_products_ptxas_serializes() -> None:
     from polykernels_build.compile_matrix import MatrixResult
 
-    rows = [
-        {"kernel": "a_hopper", "target": "cuda:90", "compiled": True, "allowed": True, "consistent": True,
-         "resources": {"registers": 232, "spill_bytes": 0, "serialized_products": 1, "shared_bytes": 1024}},
-        {"kernel": "b_hopper", "target": "cuda:90", "compiled": True, "allowed": True, "consistent": True,
-         "resources": {"registers": 168, "spill_bytes": 0, "serialized_products": 0, "shared_bytes": 1024}},
-    ]
-    result = MatrixResult(rows=rows)
+    result = MatrixResult(rows=[
+        _compiled_row("a_hopper", "cuda:90", registers=232, spill_bytes=0, serialized_products=1),
+        _compiled_row("b_hopper", "cuda:90", registers=168, spill_bytes=0, serialized_products=0),
+    ])
     assert not result.consistent and result.serialized == ["a_hopper@cuda:90"]
     assert result.summary.endswith("TENSOR-CORE PRODUCTS SERIALIZED by ptxas: ['a_hopper@cuda:90']")
 
@@ -109,14 +112,22 @@ def test_compile_matrix_fails_kernels_whose_products_ptxas_serializes() -> None:
 def test_compile_matrix_reports_spilling_kernels_without_failing() -> None:
     from polykernels_build.compile_matrix import MatrixResult
 
-    rows = [
-        {"kernel": "a", "target": "cuda:90", "compiled": True, "allowed": True, "consistent": True,
-         "resources": {"registers": 255, "spill_bytes": 4008, "shared_bytes": 1024}},
-        {"kernel": "a", "target": "hip:gfx942", "compiled": True, "allowed": True, "consistent": True,
-         "resources": {"registers": 128, "spill_bytes": 0, "shared_bytes": 1024}},
+    result = MatrixResult(rows=[
+        _compiled_row("a", "cuda:90", registers=255, spill_bytes=4008),
+        _compiled_row("a", "hip:gfx942", registers=128, spill_bytes=0),
         {"kernel": "b_ptx", "target": "hip:gfx942", "compiled": False, "allowed": False, "consistent": True},
-    ]
-    result = MatrixResult(rows=rows)
+    ])
     assert result.consistent and result.spilling == ["a@cuda:90"]
     assert result.summary == ("3 compiles, 1 guarded off as expected; 1 spill registers (see compile-matrix.json): "
                               "a@cuda:90")
+
+
+def test_compile_matrix_names_kernels_that_spill_inside_a_loop() -> None:
+    from polykernels_build.compile_matrix import MatrixResult
+
+    result = MatrixResult(rows=[
+        _compiled_row("once", "cuda:90", registers=255, spill_bytes=320, loop_spill_instructions=0),
+        _compiled_row("per_chunk", "cuda:90", registers=255, spill_bytes=144, loop_spill_instructions=5),
+    ])
+    assert result.consistent and result.spilling_in_loops == ["per_chunk@cuda:90"]
+    assert result.summary.endswith("; inside a loop: per_chunk@cuda:90")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import triton.language as tl
 
-from polykernels.kernel_registry import serialized_products
+from polykernels.kernel_registry import loop_local_memory_instructions, resources, serialized_products
 
 
 def _carried_product_kernel():
@@ -75,3 +76,54 @@ def test_ptxas_serializing_a_kernels_products_is_seen_on_the_build_host() -> Non
 
 def test_ptx_without_tensor_core_products_is_not_judged() -> None:
     assert serialized_products(".version 8.7\n.target sm_90a\n.address_size 64\n") is None
+
+
+def _accumulate(X, Y, N, BLOCK: tl.constexpr, LOOP: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    total = tl.load(X + offsets)
+    if LOOP:
+        for i in range(1, N):
+            total = total * tl.load(X + i * BLOCK + offsets) + i
+    else:
+        total = total * tl.load(X + BLOCK + offsets) + 1
+    tl.store(Y + offsets, total)
+
+
+def _accumulating_kernel():
+    """``_accumulate`` compiled for a GPU even where the CPU tests interpret ``triton.jit`` kernels."""
+    from triton.runtime.jit import JITFunction
+
+    return JITFunction(_accumulate)
+
+
+@pytest.mark.slow
+def test_spills_inside_a_loop_are_told_from_spills_outside_on_the_build_host() -> None:
+    # 8192 fp32 values per warp capped at 64 registers spill either way; only the loop's spill
+    # loads and stores come back every iteration.
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel, found = _accumulating_kernel(), {}
+    for loop in (True, False):
+        source = ASTSource(kernel, signature={"X": "*fp32", "Y": "*fp32", "N": "i32", "BLOCK": "constexpr",
+                                              "LOOP": "constexpr"}, constexprs={"BLOCK": 8192, "LOOP": loop})
+        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1, "maxnreg": 64})
+        found[loop] = resources(compiled)
+    assert found[True]["spill_bytes"] and found[True]["loop_spill_instructions"] > 0
+    assert found[False]["spill_bytes"] and found[False]["loop_spill_instructions"] == 0
+
+
+def test_loop_spills_are_counted_between_a_backward_branch_and_its_target() -> None:
+    sass = """
+        /*0000*/                   LDL R1, [R1+0x4] ;
+        /*0010*/                   FADD R2, R2, R3 ;
+        /*0020*/                   STL [R1], R2 ;
+        /*0030*/                   LDL.LU R4, [R1+0x8] ;
+        /*0040*/              @P0   BRA 0x10 ;
+        /*0050*/                   STL [R1+0xc], R4 ;
+        /*0060*/                   BRA 0x70 ;
+        /*0070*/                   EXIT ;
+    """
+    assert loop_local_memory_instructions(sass) == 2  # the STL and LDL.LU between 0x10 and the branch at 0x40
+    assert loop_local_memory_instructions("") == 0

@@ -116,14 +116,19 @@ def _on_hopper() -> bool:
     return hopper_pass(platform.current(), torch.bfloat16, key_dim=128)
 
 
-# The Gluon sequential pass (sm_90 only: wgmma), both as the output pass and the segment-state pass.
-for _name, _segment_state in (("gdn_recurrence_hopper", False), ("gdn_segment_state_hopper", True)):
+# The Gluon sequential pass (sm_90 only: wgmma), both as the output pass and the segment-state pass, at
+# the narrow V tile and at the wide one (which the cut sequences of the thin Qwen3.5 shapes run).
+_WIDE_BV = RECURRENCE_BLOCK_V[128][0]
+for _name, _segment_state, _block_v in (
+    ("gdn_recurrence_hopper", False, _RECURRENCE_BV), ("gdn_segment_state_hopper", True, _RECURRENCE_BV),
+    ("gdn_recurrence_hopper_wide", False, _WIDE_BV), ("gdn_segment_state_hopper_wide", True, _WIDE_BV),
+):
     register(KernelSpec(
         name=_name, module="polykernels.gated_delta_rule.hopper_kernels", function="gdn_recurrence_hopper_kernel",
         signature={**_RECURRENCE_SIGNATURE, "STAGES": "constexpr"},
-        constexprs={**_SHAPE, "V": 128, "BV": _RECURRENCE_BV, "NV": 128 // _RECURRENCE_BV, "VARLEN": True,
+        constexprs={**_SHAPE, "V": 128, "BV": _block_v, "NV": 128 // _block_v, "VARLEN": True,
                     "LOG_N": 4, "HAS_INITIAL": True, "SEGMENT_STATE": _segment_state, "STORE_FINAL": True,
-                    "STAGES": HOPPER_STAGES[_RECURRENCE_BV]},
+                    "STAGES": HOPPER_STAGES[_block_v]},
         allowed=_on_hopper, platform_constexprs=_precision,
         options={"num_warps": 4},
     ))
@@ -141,8 +146,9 @@ register(KernelSpec(
 register(KernelSpec(
     name="gdn_recurrence_hopper_rs", module="polykernels.gated_delta_rule.hopper_register_kernels",
     function="gdn_recurrence_hopper_rs_kernel", signature={**_RECURRENCE_SIGNATURE, "STAGES": "constexpr"},
-    constexprs={**_SHAPE, "V": 128, "BV": 64, "NV": 2, "VARLEN": True, "LOG_N": 4, "HAS_INITIAL": True,
-                "SEGMENT_STATE": False, "STORE_FINAL": True, "STAGES": HOPPER_REGISTER_STAGES[64]},
+    constexprs={**_SHAPE, "V": 128, "BV": _WIDE_BV, "NV": 128 // _WIDE_BV, "VARLEN": True, "LOG_N": 4,
+                "HAS_INITIAL": True, "SEGMENT_STATE": False, "STORE_FINAL": True,
+                "STAGES": HOPPER_REGISTER_STAGES[_WIDE_BV]},
     allowed=_on_hopper, platform_constexprs=_precision,
     options={"num_warps": 4},
 ))

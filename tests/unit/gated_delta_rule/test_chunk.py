@@ -591,6 +591,7 @@ def test_kernels_compile_for_amd(target: str) -> None:
     family = [name for name in kernels() if name.startswith("gdn_")]
     names = [name for name in family if kernels()[name].allowed_on(target)]
     assert set(family) - set(names) == {"gdn_recurrence_hopper", "gdn_segment_state_hopper", "gdn_prepare_hopper",
+                                        "gdn_recurrence_hopper_wide", "gdn_segment_state_hopper_wide",
                                         "gdn_recurrence_hopper_rs"}
     assert set(names) == {"gdn_plan", "gdn_prepare", "gdn_recurrence", "gdn_segment_state", "gdn_combine",
                           "gdn_recurrence_fp32", "gdn_prepare_fp32"}
