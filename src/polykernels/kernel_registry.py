@@ -125,7 +125,6 @@ def resources(compiled: Any) -> dict[str, int]:
     """Registers per thread, spill bytes per thread and shared memory per program of a compiled
     kernel, read on this CPU: what makes a kernel slow before any GPU runs it (a spilling
     kernel's stack or scratch traffic). Empty where the tool to read them is missing."""
-
     found: dict[str, int] = {"shared_bytes": int(getattr(compiled.metadata, "shared", 0))}
     if "cubin" in compiled.asm:
         usage = _cuobjdump_resource_usage(compiled.asm["cubin"])
@@ -158,7 +157,6 @@ _SERIALIZED = "wgmma.mma_async instructions are serialized"
 def serialized_products(ptx: str) -> bool | None:
     """Whether ptxas serializes the wgmma products of this PTX (None: it has none, or no ptxas here).
     Triton's own ptxas run keeps no log, so the PTX is assembled once more for it."""
-
     arch = re.search(r"^\.target\s+(sm_\w+)", ptx, re.MULTILINE)
     if "wgmma.mma_async" not in ptx or not arch:
         return None
@@ -246,6 +244,8 @@ def probe(name: str, target: str, timeout: float = 600.0) -> ProbeResult:
         detail = f"{result['binary']} {result['bytes']} bytes"
         if "registers" in used:
             detail += f", {used['registers']} registers, {used['spill_bytes']} spill bytes per thread"
+        if used.get("loop_spill_instructions"):
+            detail += f", {used['loop_spill_instructions']} spill loads and stores inside a loop"
         if used.get("serialized_products"):
             detail += ", its tensor-core products serialized by ptxas"
         if used.get("num_stages", 1) < spec.options.get("num_stages", 1):

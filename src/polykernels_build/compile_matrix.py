@@ -5,7 +5,8 @@ The GPU targets are the archs of targets.toml's targets, as their backends name 
 A kernel that cannot compile for a target must be guarded off there; one that its guard allows
 must compile. Either mismatch fails the matrix. Each compile also records its registers, spill
 bytes and shared memory per target (with the launcher's warps and stages): spills are reported,
-not failed, since a spilling kernel can still be the fastest one measured. A kernel whose Hopper
+not failed, since a spilling kernel can still be the fastest one measured (those whose NVIDIA
+spills sit inside a loop, paid every iteration, are named apart). A kernel whose Hopper
 tensor-core products ptxas serializes fails it (the compile succeeds and the kernel runs slower
 than the form it was written in). Written to build/compile-matrix.json.
 """
@@ -33,30 +34,33 @@ class MatrixResult:
     def consistent(self) -> bool:
         return all(r["consistent"] for r in self.rows) and not self.serialized
 
+    def _with(self, resource: str) -> list[str]:
+        """kernel@target pairs whose compile read a non-zero ``resource`` (kernel_registry.resources)."""
+        return [f"{r['kernel']}@{r['target']}" for r in self.rows if r.get("resources", {}).get(resource)]
+
     @property
     def serialized(self) -> list[str]:
         """kernel@target pairs whose wgmma products ptxas runs one after another (kernel_registry)."""
-        return [f"{r['kernel']}@{r['target']}" for r in self.rows if r.get("resources", {}).get("serialized_products")]
+        return self._with("serialized_products")
 
     @property
     def spilling(self) -> list[str]:
         """kernel@target pairs whose threads spill registers (stack on NVIDIA, scratch on AMD)."""
-        return [f"{r['kernel']}@{r['target']}" for r in self.rows if r.get("resources", {}).get("spill_bytes")]
+        return self._with("spill_bytes")
 
     @property
     def spilling_in_loops(self) -> list[str]:
         """The spilling pairs whose spill loads or stores sit inside a loop (paid every iteration)."""
-        return [f"{r['kernel']}@{r['target']}" for r in self.rows
-                if r.get("resources", {}).get("loop_spill_instructions")]
+        return self._with("loop_spill_instructions")
 
     @property
     def summary(self) -> str:
         bad = [f"{r['kernel']}@{r['target']}" for r in self.rows if not r["consistent"]]
         guarded = sum(1 for r in self.rows if not r["compiled"] and not r["allowed"])
-        spills, serialized = self.spilling, self.serialized
+        spills, in_loops, serialized = self.spilling, self.spilling_in_loops, self.serialized
         return (f"{len(self.rows)} compiles, {guarded} guarded off as expected"
                 + (f"; {len(spills)} spill registers (see compile-matrix.json): {', '.join(spills)}" if spills else "")
-                + (f"; inside a loop: {', '.join(self.spilling_in_loops)}" if self.spilling_in_loops else "")
+                + (f"; inside a loop: {', '.join(in_loops)}" if in_loops else "")
                 + (f", MISSING GUARDS or broken kernels: {bad}" if bad else "")
                 + (f", TENSOR-CORE PRODUCTS SERIALIZED by ptxas: {serialized}" if serialized else ""))
 

@@ -30,7 +30,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from polykernels.gated_delta_rule.hopper_kernels import _copy_chunk_tiles, _mma_layout
+from polykernels.gated_delta_rule.hopper_kernels import _copy_chunk_tiles, _mma_layout, _smem_layout
 
 # Scalar arithmetic only (no layouts), so the Triton helper serves Gluon kernels too.
 from polykernels.gated_delta_rule.kernels import _segment
@@ -45,12 +45,12 @@ def _transposed_store_layout(block_v):
 
 
 @gluon.jit
-def _copy_chunk_t(chunk_start, end, stage, i_h, i_hv, col0, u_limit, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr,
+def _copy_chunk_t(chunk_start, end, stage, i_h, i_hv, col0, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr,
                   KS_ptr, w_s, k_s, q_s, p_s, u_s, scales_s, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
                   V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr, U_COLS_IN: gl.constexpr):
     """The chunk's tiles and its per-token scales (q's, then k's) into stage ``stage``, one cp.async
     group. Transposed, a scale vector costs 16 registers per thread: they wait in shared memory."""
-    _copy_chunk_tiles(chunk_start, end, stage, i_h, i_hv, col0, u_limit, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr,
+    _copy_chunk_tiles(chunk_start, end, stage, i_h, i_hv, col0, V, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr,
                       w_s, k_s, q_s, p_s, u_s, H, HV, K, V, BT, BK, BV, True, False, U_COLS_IN)
     layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[4],
                                             order=[0])
@@ -106,7 +106,6 @@ def gdn_recurrence_hopper_rs_kernel(
     k_idx = gl.arange(0, BK, layout=k_cols)
     col0 = i_col * BV
     cols = col0 + gl.arange(0, BV, layout=v_rows)
-    u_limit = V
     # The state is stored K x V: h^T's element (v, k) sits at k * V + v.
     tile = k_idx[None, :] * V + cols[:, None]
     tile_mask = (k_idx[None, :] < K) & (cols[:, None] < V) & valid
@@ -115,17 +114,17 @@ def gdn_recurrence_hopper_rs_kernel(
     else:
         state = gl.zeros([BV, BK], gl.float32, layout=state_l)
 
-    chunk_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BT, BK], dtype)
+    chunk_layout: gl.constexpr = _smem_layout(BT, BK)
     w_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], chunk_layout)
     k_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], chunk_layout)
     q_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], chunk_layout)
-    p_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BT], gl.NVMMASharedLayout.get_default_for([BT, BT], dtype))
-    u_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BV], gl.NVMMASharedLayout.get_default_for([BT, BV], dtype))
+    p_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BT], _smem_layout(BT, BT))
+    u_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BV], _smem_layout(BT, BV))
     scales_s = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * BT],
                                          gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
 
     for ahead in gl.static_range(STAGES - 1):
-        _copy_chunk_t(start + ahead * BT, end, ahead, i_h, i_hv, col0, u_limit, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr,
+        _copy_chunk_t(start + ahead * BT, end, ahead, i_h, i_hv, col0, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr,
                       QS_ptr, KS_ptr, w_s, k_s, q_s, p_s, u_s, scales_s, H, HV, K, V, BT, BK, BV, U_COLS_IN)
     zero = gl.zeros([BV, BT], gl.float32, layout=chunk_l)
     chunks = ((end - start + BT - 1) // BT).to(gl.int32)
@@ -146,9 +145,9 @@ def gdn_recurrence_hopper_rs_kernel(
         v_new = warpgroup_mma(minus_h, w_s.index(stage).permute((1, 0)), u_t, is_async=True)
         minus_qh = warpgroup_mma(minus_h, q_s.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True)
         # While the products run: the chunk STAGES - 1 ahead into the stage the previous chunk used.
-        _copy_chunk_t(chunk_start + (STAGES - 1) * BT, end, (c + STAGES - 1) % STAGES, i_h, i_hv, col0, u_limit,
-                      Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, w_s, k_s, q_s, p_s, u_s, scales_s, H, HV, K,
-                      V, BT, BK, BV, U_COLS_IN)
+        _copy_chunk_t(chunk_start + (STAGES - 1) * BT, end, (c + STAGES - 1) % STAGES, i_h, i_hv, col0, Q_ptr,
+                      K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, w_s, k_s, q_s, p_s, u_s, scales_s, H, HV, K, V, BT,
+                      BK, BV, U_COLS_IN)
         if c > 0:  # the previous chunk's output
             _store_output_t(O_ptr, out_s.index((c + 1) % 2), chunk_start - BT, end, i_hv, col0, HV, V, BT, BV)
         k_scale = scales_s.index(stage).slice(BT, BT).load(tokens_of)

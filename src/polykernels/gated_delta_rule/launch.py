@@ -8,6 +8,7 @@ recurrence_kernels.py.
 from __future__ import annotations
 
 import functools
+from collections.abc import Collection
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import NamedTuple
@@ -48,7 +49,7 @@ class SegmentPlan:
 
 def plan_segments(
     num_seqs: int, total_tokens: int, value_heads: int, sm_count: int, num_segments: int | None = None,
-    *, key_dim: int = 128, value_dim: int = 128, register_state: bool = False,
+    *, key_dim: int = 128, value_dim: int = 128, register_tiles: Collection[int] = (),
 ) -> SegmentPlan:
     """The V tile and the segments per sequence, from (N, HV, T, K, V, SMs).
 
@@ -58,8 +59,8 @@ def plan_segments(
     ones with fewer: 0.66 vs 0.75 ms at 1 x 32768 tokens x 8 value heads, BENCHMARKS.md); narrow
     ones otherwise. Then segments while the programs fill at most half the SMs.
 
-    ``register_state``: the device runs the sequential pass with the state in registers at the
-    wide tile (sm_90, ``hopper_register_kernels``), which takes each chunk of 64 columns in about
+    ``register_tiles``: the V tiles at which the device runs the sequential pass with the state in
+    registers (sm_90, ``hopper_register_kernels``), which takes each chunk of 64 columns in about
     1.3x the time the narrow pass takes for 32: wide tiles then whenever narrow ones would need
     more waves of programs (BENCHMARKS.md, "thirteenth set").
     """
@@ -69,8 +70,10 @@ def plan_segments(
     wide_programs = num_seqs * value_heads * -(-value_dim // wide)
     narrow_programs = num_seqs * value_heads * -(-value_dim // narrow)
     cut_anyway = 2 * narrow_programs <= sm_count and chunks >= 2 * MIN_SEGMENT_CHUNKS
-    fewer_waves = register_state and -(-wide_programs // sm_count) < -(-narrow_programs // sm_count)
-    block_v = wide if wide_programs >= 2 * sm_count or cut_anyway or fewer_waves else narrow
+    wide_anyway = wide_programs >= 2 * sm_count or cut_anyway
+    wide_waves, narrow_waves = -(-wide_programs // sm_count), -(-narrow_programs // sm_count)
+    fewer_waves = wide in register_tiles and wide_waves < narrow_waves
+    block_v = wide if wide_anyway or fewer_waves else narrow
     programs = num_seqs * value_heads * -(-value_dim // block_v)
     if num_segments is not None:
         segments, why = num_segments, f"{num_segments} segments per sequence requested"
@@ -81,9 +84,9 @@ def plan_segments(
         segments = max(1, min(sm_count // programs, chunks // MIN_SEGMENT_CHUNKS))
         why = (f"{programs} sequential programs (N x HV x V/{block_v}) for {sm_count} SMs: {segments} segments "
                f"of >= {MIN_SEGMENT_CHUNKS} chunks per sequence")
-    if block_v == wide and fewer_waves and not (wide_programs >= 2 * sm_count or cut_anyway):
-        why += (f"; {wide}-column V tiles: {-(-wide_programs // sm_count)} wave(s) of register-state programs where "
-                f"{narrow}-column ones take {-(-narrow_programs // sm_count)}")
+    if fewer_waves and not wide_anyway:
+        why += (f"; {wide}-column V tiles: {wide_waves} wave(s) of register-state programs where {narrow}-column "
+                f"ones take {narrow_waves}")
     segments = max(1, min(segments, chunks))
     return SegmentPlan(segments=segments, segment_chunks=-(-chunks // segments), block_v=block_v, reason=why)
 
@@ -320,10 +323,9 @@ def _recipe(
     batch, tokens, heads, key_dim = q_shape
     value_heads, value_dim = v_shape[2], v_shape[3]
     varlen, total = cu_dtype is not None, batch * tokens
-    wide_tile = min(block_vs[0], _block(value_dim))
-    register_state = wide_tile in dict(hopper_register_stages) and hopper_pass(seen, dtype, key_dim)
+    on_hopper = hopper_pass(seen, dtype, key_dim)
     plan = plan_segments(num_seqs, total, value_heads, platform.sm_count(device), num_segments, key_dim=key_dim,
-                         value_dim=value_dim, register_state=register_state)
+                         value_dim=value_dim, register_tiles=dict(hopper_register_stages) if on_hopper else ())
     segment_chunks = plan.segment_chunks if plan.segments > 1 else 0
     block_k, block_v = _block(key_dim), plan.block_v
     precision = guards.dot_precision(fp32_inputs=dtype == torch.float32)
@@ -351,13 +353,13 @@ def _recipe(
     # slower than the shared-state pass at the wide tile (BENCHMARKS.md, "thirteenth set").
     register_stages = dict(hopper_register_stages).get(block_v) if not segment_chunks else None
     stages = register_stages or dict(hopper_stages).get(block_v)
-    hopper = stages is not None and hopper_pass(seen, dtype, key_dim)
+    hopper = stages is not None and on_hopper
     hopper_registers = hopper and register_stages is not None
     if hopper:
         recurrence_tail = {"STAGES": stages, "num_warps": 4}
     prepare_tail = {"num_warps": prep_warps, "num_stages": 1}
     caps = dict(hopper_prepare)
-    gluon_prepare = key_dim in caps and hopper_pass(seen, dtype, key_dim)
+    gluon_prepare = key_dim in caps and on_hopper
     if gluon_prepare:
         prepare_tail = {"num_warps": 4, **({"maxnreg": caps[key_dim]} if caps[key_dim] else {})}
     return _Recipe(

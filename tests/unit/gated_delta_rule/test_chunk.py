@@ -178,13 +178,13 @@ def test_segment_plan_takes_wide_tiles_for_fewer_waves_with_the_register_state_p
     # 1 x 8192 x 64 value heads: 128 wide programs fill 132 SMs in one wave where 256 narrow ones
     # take two; the register-state pass runs 64 columns in about 1.3x the narrow pass's time for 32.
     assert plan_segments(1, 8192, 64, 132).block_v == 32
-    wide = plan_segments(1, 8192, 64, 132, register_state=True)
+    wide = plan_segments(1, 8192, 64, 132, register_tiles=(64,))
     assert (wide.block_v, wide.segments) == (64, 1) and "1 wave(s) of register-state programs" in wide.reason
-    assert plan_segments(8, 8 * 1024, 8, 132, register_state=True).block_v == 64  # 8 x 1024 tokens, 8 heads
+    assert plan_segments(8, 8 * 1024, 8, 132, register_tiles=(64,)).block_v == 64  # 8 x 1024 tokens, 8 heads
     # One sequence x 32 heads: 64 wide programs or 128 narrow ones, one wave either way: narrow.
-    assert plan_segments(1, 32768, 32, 132, register_state=True).block_v == 32
+    assert plan_segments(1, 32768, 32, 132, register_tiles=(64,)).block_v == 32
     # Thin shapes are cut as before.
-    assert plan_segments(1, 65536, 8, 132, register_state=True) == plan_segments(1, 65536, 8, 132)
+    assert plan_segments(1, 65536, 8, 132, register_tiles=(64,)) == plan_segments(1, 65536, 8, 132)
 
 
 @pytest.mark.parametrize(("value_heads", "num_segments", "registers"), [
