@@ -53,8 +53,8 @@ CUDA_ARCH_PATTERN = re.compile(r"^(\d+)\.(\d+)(a|f)?(\+PTX)?$")
 # stream accessor is CUDA-named and lives in libtorch_hip only.
 DEFAULT_TORCH_TARGET = {"cpu": (2, 11), "cuda": (2, 11), "rocm": (2, 13)}
 # compat/glibc_2_28.cpp keeps the host code at torch's manylinux_2_28 floor (see the file).
-CPU_SOURCES = ["csrc/int4_qat/fake_int4_quant_cpu.cpp", "csrc/compat/glibc_2_28.cpp"]
-GPU_SOURCES = ["csrc/int4_qat/fake_int4_quant_gpu.cu"]
+CPU_SOURCES = ["csrc/int4_qat/fake_int4_quant_cpu.cpp", "csrc/launch/program_schema.cpp", "csrc/compat/glibc_2_28.cpp"]
+GPU_SOURCES = ["csrc/int4_qat/fake_int4_quant_gpu.cu", "csrc/launch/program.cu"]
 
 
 class BuildConfigError(RuntimeError):

@@ -6,9 +6,10 @@ allocations on the CPU, spec keys), not Triton's launcher or the GPU allocator: 
 bench's host column that a build host can measure. Best of 7 rounds of 3000 calls.
 
 With ``--device cuda``: the bench's host column split into its parts at the bench shapes, each
-timed as the bench does (calls issued while the GPU is busy): the public op, the launch function
-alone (no argument checks), the launch function with the kernel launches stubbed (Python and GPU
-allocations), and a one-kernel torch op (the launch floor); the FLUX norms at B1 L4608 D3072,
+timed as the bench does (calls issued while the GPU is busy): the public op (its launch program
+replayed from C++ after the first call), the public op through the checked Python path, the launch
+function alone (no argument checks), the launch function with the kernel launches stubbed (Python
+and GPU allocations), and a one-kernel torch op (the launch floor); the FLUX norms at B1 L4608 D3072,
 public op and launch stubbed; and one norm call taken apart (its class key, the output's allocation,
 the launcher's call and Triton's C launch alone, each timed by itself).
 """
@@ -117,10 +118,26 @@ def _gdn_gpu_row(heads: int, value_heads: int, lengths: list[int] | None) -> dic
     public = functools.partial(chunk_gated_delta_rule, q, k, v, g, beta, output_final_state=True, cu_seqlens=cu)
     launch_only = functools.partial(launch.launch_chunk_gated_delta_rule, q, k, v, g, beta, 128**-0.5, None, True,
                                     cu, False)
-    row = {"public op": host_us(public), "launch function": host_us(launch_only)}
+    row = {"public op": host_us(public)}
+    with _programs_off():
+        row["public op, launch programs off"] = host_us(public)
+    row["launch function"] = host_us(launch_only)
     with _gdn_launches_stubbed():
         row["launch function, launches stubbed"] = host_us(launch_only)
     return {key: round(value, 1) for key, value in row.items()}
+
+
+@contextlib.contextmanager
+def _programs_off() -> Iterator[None]:
+    """Every call takes the checked Python path (no launch program is replayed) inside the block."""
+    from polykernels import _programs
+
+    original = _programs.enabled
+    _programs.enabled = lambda: False
+    try:
+        yield
+    finally:
+        _programs.enabled = original
 
 
 def _norm_gpu_rows() -> dict[str, dict[str, float]]:
@@ -169,11 +186,37 @@ def _norm_gpu_pieces() -> dict[str, float]:
     return {name: round(host_us(call), 1) for name, call in pieces.items()}
 
 
+def _gdn_gpu_pieces() -> dict[str, float]:
+    """One replayed gated-delta-rule call taken apart (B1 T32768 32/32: two launches, three allocations)."""
+    from benchmarks.registry import gdn_inputs
+    from benchmarks.timing import host_us
+    from polykernels import _programs
+    from polykernels.gated_delta_rule import chunk, chunk_gated_delta_rule
+
+    q, k, v, g, beta = gdn_inputs(1, 32768, 32, 32, "cuda")
+    tensors, flags = chunk._replay_class(q, k, v, g, beta, None, True, None, False, None)
+    chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True)  # records the program
+    # Two programs of our own: one that allocates o and launches nothing, one that does neither.
+    _programs._ops()[0](tensors, [-1], [v], 1, [0])
+    _programs._ops()[0](tensors, [-2], [], 0, [0])
+    pieces = {
+        "public op": lambda: chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True),
+        "the call's class (_replay_class)": lambda: chunk._replay_class(q, k, v, g, beta, None, True, None, False,
+                                                                        None),
+        "program_run of the call's program": lambda: _programs.run(tensors, flags, [0.1]),
+        "program_run, no program for the class": lambda: _programs.run(tensors, [-3], [0.1]),
+        "program_run, nothing to allocate or launch": lambda: _programs.run(tensors, [-2], [0.1]),
+        "program_run, one allocation and no launch": lambda: _programs.run(tensors, [-1], [0.1]),
+    }
+    return {name: round(host_us(call), 1) for name, call in pieces.items()}
+
+
 def gpu_rows() -> dict[str, dict[str, float]]:
     from benchmarks.timing import launch_floor_us
 
     return {"gdn B1 T32768 32/32": _gdn_gpu_row(32, 32, None), "gdn 1x32768 2/8": _gdn_gpu_row(2, 8, None),
-            "gdn varlen 6144+2048 2/8": _gdn_gpu_row(2, 8, [6144, 2048]), **_norm_gpu_rows(),
+            "gdn varlen 6144+2048 2/8": _gdn_gpu_row(2, 8, [6144, 2048]),
+            "gdn B1 T32768 32/32, piece by piece": _gdn_gpu_pieces(), **_norm_gpu_rows(),
             "layernorm_modulate B1 L4608 D3072, piece by piece": _norm_gpu_pieces(),
             "one-kernel torch op (launch floor)": {"public op": round(launch_floor_us(), 1)}}
 

@@ -51,8 +51,10 @@ def sweep_gdn_launch(device: str, axes: list[str] | None = None) -> list[dict]:
     from polykernels.gated_delta_rule import chunk_gated_delta_rule, launch
 
     results = []
-    tables = (launch.RECURRENCE_BLOCK_V, launch.RECURRENCE_LAUNCH, launch.PREPARE_LAUNCH)
-    originals = [dict(t) for t in tables]
+    # The tables are read-only: each choice replaces them (which also retires the launch programs
+    # recorded under the previous ones), and the originals come back after it.
+    tables = ("RECURRENCE_BLOCK_V", "RECURRENCE_LAUNCH", "PREPARE_LAUNCH")
+    originals = [getattr(launch, name) for name in tables]
     # (wide, narrow) both set to one BV: the V tile is forced whatever plan_segments would pick.
     choices = {"BV x warps x stages": [((bv, bv), (w, st), None) for bv, w, st in
                                        ((64, 4, 3), (32, 4, 3), (32, 4, 2), (32, 8, 3), (16, 4, 3))],
@@ -74,12 +76,12 @@ def sweep_gdn_launch(device: str, axes: list[str] | None = None) -> list[dict]:
         row: dict = {"shape": name}
         for label, configs in choices.items():
             for config in configs:
-                for table, value in zip(tables, config, strict=True):
+                for table, original, value in zip(tables, originals, config, strict=True):
                     if value is not None:
-                        table[128] = value
+                        setattr(launch, table, {**original, 128: value})
                 row[f"{label}: {config}"] = round(graph_ms(call), 4)
                 for table, original in zip(tables, originals, strict=True):
-                    table.update(original)
+                    setattr(launch, table, original)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(3):
                 call()

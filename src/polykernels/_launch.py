@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -59,6 +60,7 @@ class Launcher:
 
         self.kernel = kernel
         self._compiled: dict[tuple, Callable[..., None]] = {}
+        self._kernels: dict[tuple, Any] = {}  # the compiled kernel behind each direct launch
         # Under TRITON_INTERPRET=1 (the CPU tests) kernels are interpreted functions: no cache.
         self._interpreted = not isinstance(kernel, JITFunction)
 
@@ -79,7 +81,7 @@ class Launcher:
         device = torch._C._cuda_getDevice()
         key = _spec_entry(device, spec_key) if spec_key is not None else (device, *meta.values(), _args_key(args))
         direct = self._compiled.get(key)
-        if direct is not None and _no_hooks():
+        if direct is not None and no_launch_hooks():
             grid3 = (*grid, 1, 1)
             direct(grid3[0], grid3[1], grid3[2], torch._C._cuda_getCurrentRawStream(device), args)
             return
@@ -90,11 +92,30 @@ class Launcher:
         compiled = self._launch_fitting(grid, args, meta)
         if _is_compiled(compiled):
             self._compiled[key] = _direct_launch(compiled, self._constexpr_tail(len(args), meta))
+            self._kernels[key] = compiled
 
     def cached(self, spec_key: Hashable) -> Callable[..., None] | None:
         """The direct launch kept for ``spec_key`` on the current device, None before its first call:
         ``call(grid_x, grid_y, grid_z, stream, args)`` (``benchmarks.host_path`` times it alone)."""
         return self._compiled.get(_spec_entry(torch._C._cuda_getDevice(), spec_key))
+
+    def described(self, spec_key: Hashable) -> KernelLaunch | None:
+        """What the driver needs to launch the kernel kept for ``spec_key`` on the current device
+        (``polykernels._programs`` records it), None before its first call or where that launch
+        needs more than a plain driver launch: scratch memory, clusters, cooperative or
+        programmatic-dependent launches, tensor descriptors, or a launcher other than CUDA's."""
+        compiled = self._kernels.get(_spec_entry(torch._C._cuda_getDevice(), spec_key))
+        if compiled is None:
+            return None
+        run, metadata = compiled.run, compiled.metadata
+        plain = (type(run).__name__ == "CudaLauncher" and getattr(run, "global_scratch_size", 1) == 0
+                 and getattr(run, "profile_scratch_size", 1) == 0 and getattr(metadata, "num_ctas", 1) == 1
+                 and not getattr(run, "launch_cooperative_grid", True) and not getattr(run, "launch_pdl", True))
+        types = tuple(compiled.src.signature.values())
+        if not plain or not all(isinstance(t, str) for t in types):
+            return None
+        num_warps, _, shared = compiled.packed_metadata
+        return KernelLaunch(function=compiled.function, threads=32 * num_warps, shared_bytes=shared, types=types)
 
     def _launch_fitting(self, grid: tuple[int, ...], args: Sequence[object], meta: Mapping[str, object]) -> Any:
         """``kernel[grid](...)``, one pipeline stage fewer while the device's shared memory cannot
@@ -118,6 +139,17 @@ class Launcher:
         if positions and positions[0] < num_args:
             raise RuntimeError(f"{self.kernel.fn.__name__}: constexpr parameters must come after the runtime ones")
         return tuple(meta[names[i]] for i in positions)
+
+
+@dataclass(frozen=True)
+class KernelLaunch:
+    """One compiled kernel as the driver launches it: ``types`` holds Triton's type of every
+    parameter in signature order (``"constexpr"`` for those the launch leaves out)."""
+
+    function: int
+    threads: int
+    shared_bytes: int
+    types: tuple[str, ...]
 
 
 def _spec_entry(device: int, spec_key: Hashable) -> tuple:
@@ -163,7 +195,7 @@ def _is_compiled(compiled: object) -> bool:
     return all(hasattr(compiled, attr) for attr in ("run", "function", "packed_metadata"))
 
 
-def _no_hooks() -> bool:
+def no_launch_hooks() -> bool:
     """No launch hook is registered (a profiler such as proton adds some): the direct call skips them."""
     runtime = _runtime_knobs()
     return _empty(runtime.launch_enter_hook) and _empty(runtime.launch_exit_hook)

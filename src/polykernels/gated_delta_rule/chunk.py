@@ -4,12 +4,14 @@ launch of the Triton kernels is launch.py's)."""
 from __future__ import annotations
 
 import functools
+import math
 import weakref
 
 import torch
 
-from polykernels import platform
-from polykernels.gated_delta_rule import guards
+from polykernels import _programs, platform
+from polykernels._launch import no_launch_hooks
+from polykernels.gated_delta_rule import guards, launch
 from polykernels.gated_delta_rule.launch import MAX_HEAD_DIM, MAX_VALUE_HEADS, launch_chunk_gated_delta_rule
 from polykernels.gated_delta_rule.reference import chunk_gated_delta_rule_torch
 
@@ -216,6 +218,13 @@ def chunk_gated_delta_rule(
         ROCm); CPU tensors run the chunked torch implementation. A NaN/Inf in a token's inputs
         makes that token's output and every later one of its sequence NaN, never an earlier one.
     """
+    replay = _replay_class(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens, use_qk_l2norm_in_kernel,
+                           num_segments)
+    if replay is not None and (scale is None or (type(scale) is float and math.isfinite(scale))):
+        # A later eager call of a class the checked path has run: its launch program, one call into C++.
+        replayed = _programs.run(*replay, [q.shape[-1] ** -0.5 if scale is None else scale])
+        if replayed is not None:
+            return replayed[0], replayed[1] if output_final_state else None
     output_final_state = _check_flag(output_final_state, "output_final_state")
     use_qk_l2norm_in_kernel = _check_flag(use_qk_l2norm_in_kernel, "use_qk_l2norm_in_kernel")
     _check(q, k, v, g, beta, initial_state, cu_seqlens, num_segments)
@@ -228,5 +237,37 @@ def chunk_gated_delta_rule(
                                               cu_seqlens, use_qk_l2norm_in_kernel, num_segments)
         return o, final if output_final_state else None
     # Eager: straight to the launch; the custom op's dispatch costs more host time than the kernels.
+    if _path(q.device.type) == "triton":
+        return launch_chunk_gated_delta_rule(q, k, v, g, beta, float(scale), initial_state, output_final_state,
+                                             cu_seqlens, use_qk_l2norm_in_kernel, num_segments, replay=replay)
     return _run(q, k, v, g, beta, float(scale), initial_state, output_final_state, cu_seqlens,
                 use_qk_l2norm_in_kernel, num_segments)
+
+
+# The first of a launch program's flags: which op the program is of.
+_PROGRAM_FAMILY = 1
+
+
+def _replay_class(
+    q: object, k: object, v: object, g: object, beta: object, initial_state: object, output_final_state: object,
+    cu_seqlens: object, use_qk_l2norm_in_kernel: object, num_segments: object,
+) -> tuple[list, list] | None:
+    """(tensors, flags): the class of an eager GPU call as launch programs key it (the tensors'
+    dtypes, devices, sizes, strides and alignments; the flags and the launch tables' version), or
+    None where no program may serve the call (torch.compile, a profiler's launch hooks, replay
+    off). What the class does not capture is checked here: the values of cu_seqlens."""
+    tensor = torch.Tensor
+    if not (type(q) is tensor and q.is_cuda and type(k) is tensor and type(v) is tensor and type(g) is tensor
+            and type(beta) is tensor and (initial_state is None or type(initial_state) is tensor)
+            and (cu_seqlens is None or type(cu_seqlens) is tensor) and type(output_final_state) is bool
+            and type(use_qk_l2norm_in_kernel) is bool and (num_segments is None or type(num_segments) is int)
+            and _programs.enabled() and not torch.compiler.is_compiling() and no_launch_hooks()):
+        return None
+    if cu_seqlens is not None:
+        if not (q.dim() == 4 and q.shape[0] == 1 and cu_seqlens.dim() == 1 and cu_seqlens.shape[0] >= 2
+                and cu_seqlens.dtype in (torch.int32, torch.int64) and cu_seqlens.device == q.device):
+            return None  # the checked path says what is wrong
+        _check_boundaries(cu_seqlens, q.shape[1])
+    flags = [_PROGRAM_FAMILY, launch.configuration_version, int(output_final_state), int(use_qk_l2norm_in_kernel),
+             0 if num_segments is None else num_segments]
+    return [q, k, v, g, beta, initial_state, cu_seqlens], flags

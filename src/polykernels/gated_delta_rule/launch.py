@@ -8,14 +8,17 @@ recurrence_kernels.py.
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection
+import sys
+import types
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import NamedTuple
 
 import torch
 
-from polykernels import platform
+from polykernels import _programs, platform
+from polykernels._programs import OutputPart, Scalar, Step
 from polykernels._workspace import Layout
 from polykernels.gated_delta_rule import guards
 
@@ -161,30 +164,49 @@ def _unused_offsets(device: torch.device) -> torch.Tensor:
     return torch.zeros(1, dtype=torch.int64, device=device)
 
 
+# The launch tables below are read-only: a sweep or a test replaces one (``launch.TABLE = {...}``),
+# which moves ``configuration_version`` (the launch programs of this op are keyed by it).
+configuration_version = 0
+
+
+class _Configurable(types.ModuleType):
+    """This module: every assignment to one of its attributes (a launch table replaced, a launcher
+    factory patched) moves ``configuration_version``, so a launch program recorded before it is
+    not replayed after it."""
+
+    def __setattr__(self, name: str, value: object) -> None:
+        super().__setattr__(name, value)
+        if name != "configuration_version":
+            super().__setattr__("configuration_version", self.configuration_version + 1)
+
+
+sys.modules[__name__].__class__ = _Configurable
+
 # The recurrence kernel per padded K: (wide, narrow) V tiles (plan_segments picks one), and
 # (num_warps, num_stages): a K x BV fp32 state in registers, three stages of the chunk's q, k, w,
 # u and scores in shared memory. The prepare kernel: its V tile and warps. Whole 64-row tiles
 # (4 warps of 16 rows) compile without spills up to K = 128 on sm_90; K = 256 needs 8 warps.
 # Chosen on the H200 (BENCHMARKS.md, "the two-pass design" and "whole-chunk prepare").
-RECURRENCE_BLOCK_V: dict[int, tuple[int, int]] = {16: (64, 32), 32: (64, 32), 64: (64, 32), 128: (64, 32),
-                                                  256: (32, 16)}
-RECURRENCE_LAUNCH: dict[int, tuple[int, int]] = {16: (4, 3), 32: (4, 3), 64: (4, 3), 128: (4, 3), 256: (8, 1)}
-PREPARE_LAUNCH: dict[int, tuple[int, int]] = {64: (64, 4), 128: (128, 4), 256: (64, 8)}
+RECURRENCE_BLOCK_V: Mapping[int, tuple[int, int]] = types.MappingProxyType(
+    {16: (64, 32), 32: (64, 32), 64: (64, 32), 128: (64, 32), 256: (32, 16)})
+RECURRENCE_LAUNCH: Mapping[int, tuple[int, int]] = types.MappingProxyType(
+    {16: (4, 3), 32: (4, 3), 64: (4, 3), 128: (4, 3), 256: (8, 1)})
+PREPARE_LAUNCH: Mapping[int, tuple[int, int]] = types.MappingProxyType({64: (64, 4), 128: (128, 4), 256: (64, 8)})
 # The sequential pass on sm_90 (hopper_kernels, 16-bit inputs, K of 64 or 128): cp.async stages per
 # V tile, what fits 227 KiB of shared memory beside the state's tiles (two stages at the narrow tile
 # measured 6-10% slower than three on the H200). An empty table turns the pass off.
-HOPPER_STAGES: dict[int, int] = {32: 3, 64: 2}
+HOPPER_STAGES: Mapping[int, int] = types.MappingProxyType({32: 3, 64: 2})
 # The sequential pass on sm_90 with the state in registers (hopper_register_kernels; transposed,
 # so its V tile is wgmma's 64 rows): cp.async stages per V tile. A V tile in this table runs it
 # instead of hopper_kernels' pass.
-HOPPER_REGISTER_STAGES: dict[int, int] = {64: 3}
+HOPPER_REGISTER_STAGES: Mapping[int, int] = types.MappingProxyType({64: 3})
 # The prepare pass on sm_90 (hopper_prepare_kernels; the inputs hopper_pass takes): per K, its register
 # cap (Triton's maxnreg; None: uncapped). At K = 128, 168 registers (24 bytes spilled) give three
 # programs per SM where 255 would give two (the kernel's first form took 1055 us uncapped and 968 capped
 # at B1 T32768 32/32 on the H200, BENCHMARKS.md "eleventh set"); 128 (four per SM, 240 bytes spilled)
 # took 721 us against 168's 551 ("twelfth set"). K = 64 compiles to 246 registers uncapped (two programs
 # per SM) and to 168 with 8 bytes spilled; capped it was not measured. An empty table turns the pass off.
-HOPPER_PREPARE: dict[int, int | None] = {64: None, 128: 168}
+HOPPER_PREPARE: Mapping[int, int | None] = types.MappingProxyType({64: None, 128: 168})
 # The prepare kernel's K and V tiles are at least this wide (narrower heads are masked): its
 # products (I + A)^-1 x (32 columns) of 16-bit inputs came out wrong, or faulted, on the H200
 # (Triton 3.6, sm_90 wgmma with the left operand in registers); 64 columns are right.
@@ -203,12 +225,14 @@ def launch_chunk_gated_delta_rule(
     cu_seqlens: torch.Tensor | None,
     use_qk_l2norm_in_kernel: bool,
     num_segments: int | None = None,
+    replay: tuple[list, list] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Runs the Triton kernels. No host synchronization and no host-built tables: capturable in a CUDA graph.
 
     The parallel prepare pass, then the sequential pass (context-parallel when the plan cuts the
     sequences into segments). Everything but the tensors follows from the call's class and is
-    worked out once per class (``_recipe``).
+    worked out once per class (``_recipe``). ``replay``: the (tensors, flags) of the call's class,
+    under which its launches are then registered as a launch program (``polykernels._programs``).
     """
     batch, tokens, _, key_dim = q.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
@@ -243,8 +267,9 @@ def launch_chunk_gated_delta_rule(
     spec = (recipe.spec, q.data_ptr() & 15, k.data_ptr() & 15, v.data_ptr() & 15, g.dtype, g.data_ptr() & 15,
             beta.dtype, beta.data_ptr() & 15, initial.data_ptr() & 15, cu.data_ptr() & 15)
 
-    def arguments(scratch: _Scratch) -> _Arguments:
-        """Each launch's arguments, the workspace's parts as addresses or (Triton's own launch) as views."""
+    def arguments(scratch: _Scratch, scale: object = scale) -> _Arguments:
+        """Each launch's arguments, the workspace's parts as addresses or (Triton's own launch) as views
+        (or, for a launch program, markers of the workspace's parts and of the scale)."""
         # Chunk and segment counts per packed sequence are computed on the GPU: no host round trip.
         packed = cu_seqlens is not None
         chunk_offsets, seg_offsets = (scratch.chunk_offsets, scratch.seg_offsets) if packed else (cu, cu)
@@ -267,21 +292,35 @@ def launch_chunk_gated_delta_rule(
     def views() -> _Arguments:
         return arguments(_Scratch(*recipe.workspace.views(workspace)))
 
-    if cu_seqlens is not None:
-        run.plan((1,), args.plan, recipe.plan_meta, spec_key=(recipe.spec, cu.data_ptr() & 15),
-                 tensors=lambda: views().plan)
+    launches = _launches(recipe, run, spec, (recipe.spec, cu.data_ptr() & 15), cu_seqlens is not None)
+    for launcher, grid, name, meta, key in launches:
+        launcher(grid, getattr(args, name), meta, spec_key=key, tensors=lambda name=name: getattr(views(), name))
+    if replay is not None:
+        # Every tensor of the launches must be one of the call's own for the program to replay them:
+        # a clone made above (an unaligned q) or a converted initial state is not, and is not recorded.
+        marked = arguments(_Scratch(*(OutputPart(2, part.offset) for part in recipe.workspace.parts)), Scalar(0))
+        _programs.register(replay[0], replay[1], (o, final, workspace), 2,
+                           [Step(launcher, grid, getattr(marked, name), key)
+                            for launcher, grid, name, meta, key in launches],
+                           constants=(_unused_offsets(device),))
+    return o, final if output_final_state else None
+
+
+def _launches(recipe: _Recipe, run: SimpleNamespace, spec: tuple, plan_spec: tuple,
+              packed: bool) -> list[tuple[object, tuple[int, ...], str, dict[str, object], object]]:
+    """(launcher, grid, name of its arguments in _Arguments, constexprs and options, spec_key) of each
+    launch, in order: the plan kernel (packed sequences), the prepare pass, the segment passes (cut
+    sequences), the sequential pass."""
     prepare = _hopper_prepare_launcher() if recipe.hopper_prepare else run.prepare
-    prepare(recipe.prepare_grid, args.prepare, recipe.prepare_meta, spec_key=spec, tensors=lambda: views().prepare)
     sequential = (_hopper_register_launcher() if recipe.hopper_registers else _hopper_launcher() if recipe.hopper
                   else run.recurrence)
+    launches = [(run.plan, (1,), "plan", recipe.plan_meta, plan_spec)] if packed else []
+    launches.append((prepare, recipe.prepare_grid, "prepare", recipe.prepare_meta, spec))
     if recipe.segment_chunks:
-        sequential(recipe.segment_state_grid, args.segment_state, recipe.segment_state_meta, spec_key=(spec, True),
-                   tensors=lambda: views().segment_state)
-        run.combine(recipe.combine_grid, args.combine, recipe.combine_meta, spec_key=spec,
-                    tensors=lambda: views().combine)
-    sequential(recipe.recurrence_grid, args.recurrence, recipe.recurrence_meta, spec_key=(spec, False),
-               tensors=lambda: views().recurrence)
-    return o, final if output_final_state else None
+        launches += [(sequential, recipe.segment_state_grid, "segment_state", recipe.segment_state_meta, (spec, True)),
+                     (run.combine, recipe.combine_grid, "combine", recipe.combine_meta, spec)]
+    launches.append((sequential, recipe.recurrence_grid, "recurrence", recipe.recurrence_meta, (spec, False)))
+    return launches
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,0 +1,234 @@
+"""Launch programs (polykernels._programs, csrc/launch/program.cu): a class of call's Triton launches
+recorded from the checked Python path and replayed from C++.
+
+The encoding and the class's bookkeeping run anywhere; the replay itself needs the CUDA extension
+and a GPU (``gpu``): there each replayed call is compared bit for bit with the checked path's
+result on the same inputs (the same kernels, so the same bits)."""
+
+from __future__ import annotations
+
+import struct
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from polykernels import _programs
+from polykernels._launch import KernelLaunch, Launcher
+from polykernels._programs import OutputPart, Scalar, Step, _encode, _parameter
+from polykernels.gated_delta_rule import chunk_gated_delta_rule, launch
+
+
+class _DescribedLauncher(Launcher):
+    """A Launcher whose compiled kernel is described without compiling one."""
+
+    def __init__(self, types: tuple[str, ...]) -> None:
+        self.kernel, self._compiled, self._kernels = None, {}, {}
+        self._described = KernelLaunch(function=0xABC, threads=128, shared_bytes=4096, types=types)
+
+    def described(self, spec_key: object) -> KernelLaunch | None:
+        return self._described
+
+
+def test_parameters_name_their_source() -> None:
+    x, y, out, lasting = torch.zeros(4), torch.zeros(4), torch.zeros(4), torch.zeros(1)
+    tensors, outputs = [x, None, y], [out]
+    assert _parameter(y, "*bf16", tensors, outputs, ()) == (_programs._INPUT, 2, 0)
+    assert _parameter(out, "*fp32", tensors, outputs, ()) == (_programs._OUTPUT, 0, 0)
+    assert _parameter(OutputPart(1, 512), "*i64", tensors, outputs, ()) == (_programs._OUTPUT, 1, 512)
+    assert _parameter(lasting, "*fp32", tensors, outputs, (lasting,)) == (_programs._CONSTANT, lasting.data_ptr(), 0)
+    assert _parameter(-3, "i32", tensors, outputs, ()) == (_programs._CONSTANT, -3, 0)
+    assert _parameter(2**40, "i64", tensors, outputs, ()) == (_programs._CONSTANT, 2**40, 0)
+    assert _parameter(2**64 - 1, "u64", tensors, outputs, ()) == (_programs._CONSTANT, -1, 0)
+    assert _parameter(Scalar(0), "fp32", tensors, outputs, ()) == (_programs._SCALAR_F32, 0, 0)
+    bits = struct.unpack("<I", struct.pack("<f", 0.125))[0]
+    assert _parameter(0.125, "fp32", tensors, outputs, ()) == (_programs._CONSTANT, bits, 0)
+
+
+@pytest.mark.parametrize(("arg", "kind"), [(torch.zeros(2), "*fp32"), (12345, "*fp32"), (1.5, "i32"), (1.0, "fp16"),
+                                           (Scalar(0), "i64"), (None, "*fp32")],
+                         ids=["a-tensor-of-no-slot", "an-address", "float-as-int", "fp16", "scalar-as-int", "none"])
+def test_parameters_that_cannot_be_replayed_are_refused(arg: object, kind: str) -> None:
+    assert _parameter(arg, kind, [torch.zeros(1)], [torch.zeros(1)], ()) is None
+
+
+def test_a_launch_encodes_its_kernel_grid_and_runtime_parameters() -> None:
+    x, out = torch.zeros(8), torch.zeros(8)
+    launcher = _DescribedLauncher(("*fp32", "i32", "constexpr", "*fp32", "fp32", "constexpr"))
+    code = _encode(Step(launcher, (3, 2), (x, 8, 1, out, Scalar(0)), "key"), [x], [out], ())
+    assert code == [0xABC, 3, 2, 1, 128, 4096, 4,
+                    _programs._INPUT, 0, 0, _programs._CONSTANT, 8, 0, _programs._OUTPUT, 0, 0,
+                    _programs._SCALAR_F32, 0, 0]
+
+
+def test_steps_of_other_launchers_or_unknown_tensors_are_not_recorded() -> None:
+    x, out = torch.zeros(8), torch.zeros(8)
+    launcher = _DescribedLauncher(("*fp32", "*fp32"))
+    assert _encode(Step(lambda *a, **k: None, (1,), (x, out), "key"), [x], [out], ()) is None
+    assert _encode(Step(launcher, (1,), (x, torch.zeros(8)), "key"), [x], [out], ()) is None
+
+
+@pytest.fixture(autouse=True)
+def _no_programs_from_other_tests() -> None:
+    """Each test starts with no program registered (the same class may have run in another test)."""
+    _programs.clear()
+
+
+@pytest.mark.gpu
+def test_gpu_a_launcher_describes_its_kernel_after_the_first_launch_only(gpu_device: str) -> None:
+    from polykernels.gated_delta_rule import kernels
+
+    launcher = Launcher(kernels.gdn_plan_kernel)
+    cu = torch.tensor([0, 100, 300], dtype=torch.int64, device="cuda")
+    offsets = torch.empty(3, dtype=torch.int64, device="cuda")
+    args, meta = (cu, offsets, offsets, 2, 2**34), {"BT": 64, "BLOCK": 1024, "num_warps": 4, "num_stages": 1}
+    assert launcher.described("plan") is None
+    launcher((1,), args, meta, spec_key="plan")
+    described = launcher.described("plan")
+    assert described is not None and described.threads == 128 and described.function != 0
+    assert described.types[:2] == ("*i64", "*i64") and described.types[-1] == "constexpr"
+
+
+def test_the_launch_tables_are_read_only_and_replacing_one_moves_the_version(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(TypeError):
+        launch.HOPPER_STAGES[32] = 2  # type: ignore[index]
+    before = launch.configuration_version
+    monkeypatch.setattr(launch, "HOPPER_STAGES", {32: 2})
+    assert launch.configuration_version == before + 1
+    monkeypatch.undo()
+    assert launch.configuration_version == before + 2 and launch.HOPPER_STAGES[32] == 3
+
+
+def _gdn_inputs(tokens: int, heads: int, value_heads: int, dtype: torch.dtype, seed: int,
+                *, dim: int = 128) -> SimpleNamespace:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(1, tokens, heads, dim, device="cuda", dtype=dtype, generator=gen)
+    k = torch.nn.functional.normalize(torch.randn(1, tokens, heads, dim, device="cuda", generator=gen), dim=-1)
+    v = torch.randn(1, tokens, value_heads, dim, device="cuda", dtype=dtype, generator=gen)
+    g = torch.nn.functional.logsigmoid(torch.randn(1, tokens, value_heads, device="cuda", generator=gen))
+    beta = torch.rand(1, tokens, value_heads, device="cuda", generator=gen)
+    return SimpleNamespace(q=q, k=k.to(dtype), v=v, g=g, beta=beta)
+
+
+class _RunCounter:
+    """Counts the calls that a launch program served."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.served, real = 0, _programs.run
+
+        def counted(*args: object) -> list[torch.Tensor] | None:
+            outputs = real(*args)
+            self.served += outputs is not None
+            return outputs
+
+        monkeypatch.setattr(_programs, "run", counted)
+
+
+def _checked_path(x: SimpleNamespace, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The same call through the Python launch path, never a program."""
+    scale = kwargs.pop("scale", None) or x.q.shape[-1] ** -0.5
+    return launch.launch_chunk_gated_delta_rule(
+        x.q, x.k, x.v, x.g, x.beta, scale, kwargs.pop("initial_state", None),
+        kwargs.pop("output_final_state", False), kwargs.pop("cu_seqlens", None),
+        kwargs.pop("use_qk_l2norm_in_kernel", False), kwargs.pop("num_segments", None))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("tokens", "heads", "value_heads", "dtype", "options"), [
+    (1000, 2, 8, torch.bfloat16, {"output_final_state": True}),
+    (700, 4, 4, torch.float16, {"use_qk_l2norm_in_kernel": True, "scale": 0.3}),
+    (1500, 2, 8, torch.bfloat16, {"num_segments": 3, "output_final_state": True, "initial_state": True}),
+    (1200, 2, 4, torch.bfloat16, {"cu_seqlens": [0, 500, 500, 501, 1200], "output_final_state": True}),
+    (300, 2, 2, torch.float32, {"output_final_state": True}),
+], ids=["dense-final", "fp16-l2norm-scale", "segments-initial", "packed", "fp32"])
+def test_gpu_replayed_calls_give_the_checked_paths_bits(gpu_device: str, monkeypatch: pytest.MonkeyPatch,
+                                                         tokens: int, heads: int, value_heads: int,
+                                                         dtype: torch.dtype, options: dict) -> None:
+    if not _programs.enabled():
+        pytest.fail("the extension's launch programs are not available (build the CUDA extension)")
+    counter = _RunCounter(monkeypatch)
+    for seed in range(3):
+        x = _gdn_inputs(tokens, heads, value_heads, dtype, seed)
+        kwargs = dict(options)
+        if kwargs.get("initial_state"):
+            kwargs["initial_state"] = torch.randn(1, value_heads, 128, 128, device="cuda")
+        if "cu_seqlens" in kwargs:
+            kwargs["cu_seqlens"] = torch.tensor(kwargs["cu_seqlens"], dtype=torch.int32, device="cuda")
+        got = chunk_gated_delta_rule(x.q, x.k, x.v, x.g, x.beta, **kwargs)
+        want = _checked_path(x, **kwargs)
+        assert torch.equal(got[0], want[0])
+        assert (got[1] is None) == (want[1] is None) and (got[1] is None or torch.equal(got[1], want[1]))
+    assert counter.served == 2, "the first call registers the class, the next two are replayed"
+
+
+@pytest.mark.gpu
+def test_gpu_a_changed_class_or_configuration_is_not_replayed(gpu_device: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    counter = _RunCounter(monkeypatch)
+    x = _gdn_inputs(640, 2, 4, torch.bfloat16, 0)
+    chunk_gated_delta_rule(x.q, x.k, x.v, x.g, x.beta)
+    chunk_gated_delta_rule(x.q, x.k, x.v, x.g, x.beta)
+    assert counter.served == 1
+    chunk_gated_delta_rule(x.q, x.k, x.v, x.g, x.beta, output_final_state=True)  # another flag: registers anew
+    longer = _gdn_inputs(704, 2, 4, torch.bfloat16, 0)
+    chunk_gated_delta_rule(longer.q, longer.k, longer.v, longer.g, longer.beta)  # another shape
+    assert counter.served == 1
+    monkeypatch.setattr(launch, "HOPPER_STAGES", {})  # a table replaced: the recorded program is stale
+    got = chunk_gated_delta_rule(x.q, x.k, x.v, x.g, x.beta)
+    assert counter.served == 1
+    assert torch.equal(got[0], _checked_path(x)[0])
+
+
+@pytest.mark.gpu
+def test_gpu_calls_that_clone_or_convert_inputs_are_not_recorded(gpu_device: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    counter = _RunCounter(monkeypatch)
+    x = _gdn_inputs(512, 2, 4, torch.bfloat16, 0)
+    storage = torch.empty(x.q.numel() + 1, dtype=x.q.dtype, device="cuda")
+    mid_row = storage[1:].view(x.q.shape)  # 2 bytes past a 16-byte boundary: the Gluon passes copy it
+    mid_row.copy_(x.q)
+    half_state = torch.zeros(1, 4, 128, 128, device="cuda", dtype=torch.float16)  # converted to fp32 per call
+    for _ in range(2):
+        chunk_gated_delta_rule(mid_row, x.k, x.v, x.g, x.beta)
+        chunk_gated_delta_rule(x.q, x.k, x.v, x.g, x.beta, initial_state=half_state)
+    assert counter.served == 0
+
+
+@pytest.mark.gpu
+def test_gpu_replay_still_checks_the_boundaries_of_packed_sequences(gpu_device: str) -> None:
+    x = _gdn_inputs(600, 2, 4, torch.bfloat16, 0)
+    cu = torch.tensor([0, 200, 600], dtype=torch.int32, device="cuda")
+    for _ in range(2):
+        chunk_gated_delta_rule(x.q, x.k, x.v, x.g, x.beta, cu_seqlens=cu)
+    bad = torch.tensor([0, 400, 300], dtype=torch.int32, device="cuda")  # the same class, wrong values
+    with pytest.raises(ValueError, match="cu_seqlens must"):
+        chunk_gated_delta_rule(x.q, x.k, x.v, x.g, x.beta, cu_seqlens=bad)
+
+
+@pytest.mark.gpu
+def test_gpu_a_replayed_call_is_captured_in_a_cuda_graph(gpu_device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    counter = _RunCounter(monkeypatch)
+    x = _gdn_inputs(1000, 2, 8, torch.bfloat16, 0)
+    want = chunk_gated_delta_rule(x.q, x.k, x.v, x.g, x.beta, output_final_state=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = chunk_gated_delta_rule(x.q, x.k, x.v, x.g, x.beta, output_final_state=True)
+    assert counter.served == 1
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("code", "match"), [
+    ([], "the program is empty"), ([1, 0, 1, 1], "ends inside a launch"),
+    ([1, 0, 1, 1, 1, 128, 0, 1, 9, 0, 0], "unknown parameter source 9"),
+    ([1, 0, 1, 1, 1, 128, 0, 1, 0, 5, 0], "names tensor 5"), ([1, 0, 0, 1, 1, 128, 0, 0], "grid dimension 0 is 0"),
+], ids=["empty", "short", "unknown-source", "no-such-tensor", "zero-grid"])
+def test_gpu_a_malformed_program_is_refused_by_name(gpu_device: str, code: list[int], match: str) -> None:
+    if not _programs.enabled():
+        pytest.fail("the extension's launch programs are not available (build the CUDA extension)")
+    x = torch.zeros(4, device="cuda")
+    with pytest.raises(RuntimeError, match=match):
+        torch.ops.polykernels.program_register.default([x], [99], [x], 1, code)
