@@ -6,8 +6,8 @@ issued (``wgmma`` then wait 0), so the portable kernel runs its four products pe
 the other. Here the products are issued asynchronously and awaited only where their results are
 needed: per chunk the two products on the state's path (v_new = u - w h, then h' = decay h +
 k^T (k_scale . v_new)) each have the product beside them (q h, then P v_new) running in their
-shadow. The chunk tiles come in through ``cp.async`` a few chunks ahead, as Triton's pipeliner
-would have issued them.
+shadow (at 64-column tiles q h and P v_new both run beside the second: registers). The chunk
+tiles come in through ``cp.async`` a few chunks ahead, as Triton's pipeliner would have issued them.
 
 Offsets: int64 up to each chunk's first element, int32 inside a chunk (as in kernels.py).
 """
@@ -202,7 +202,11 @@ def gdn_recurrence_hopper_kernel(
         h_s.store(state.to(dtype))
         fence_async_shared()
         w_h = warpgroup_mma(w_s.index(stage), h_s, zero, use_acc=False, is_async=True)
-        if OUTPUTS:
+        # q h runs beside w h at the narrow tile. At 64 columns its accumulator held beside w h's made
+        # the pass spill inside the loop (144 bytes, five local loads and stores per chunk), so there it
+        # runs beside the state's product (8 bytes spilled, none in the loop; the cut sequences' pass
+        # 1-8% faster on the H200, BENCHMARKS.md "fourteenth set").
+        if DEFER:
             q_h = warpgroup_mma(q_s.index(stage), h_s, zero, use_acc=False, is_async=True)
         # While the products run: the chunk STAGES - 1 ahead into the stage the previous chunk used.
         _copy_chunk(chunk_start + (STAGES - 1) * BT, end, (c + STAGES - 1) % STAGES, i_h, i_hv, col0, u_limit,
@@ -211,12 +215,14 @@ def gdn_recurrence_hopper_kernel(
         if DEFER:
             _store_output(O_ptr, out_prev, prev_start, end, i_hv, col0, HV, V, BT, BV)
         u = u_s.index(stage).load(mma).to(gl.float32)
-        w_h = warpgroup_mma_wait(1 if OUTPUTS else 0, deps=(w_h,))  # q h may run on
+        w_h = warpgroup_mma_wait(1 if DEFER else 0, deps=(w_h,))  # q h may run on
         v_new = u - w_h
         update_s.store((v_new * k_scale[:, None]).to(dtype))
         if OUTPUTS:
             v_new_s.store(v_new.to(dtype))
         fence_async_shared()
+        if OUTPUTS and not DEFER:
+            q_h = warpgroup_mma(q_s.index(stage), h_s, zero, use_acc=False, is_async=True)
         state = warpgroup_mma(k_s.index(stage).permute((1, 0)), update_s, state * decay, is_async=True)
         if OUTPUTS:
             q_h = warpgroup_mma_wait(1, deps=(q_h,))
