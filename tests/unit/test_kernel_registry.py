@@ -1,6 +1,16 @@
-"""What the compile matrix reads off a compiled kernel on a CPU build host (kernel_registry.resources)."""
+"""What the compile matrix reads off a compiled kernel on a CPU build host (kernel_registry.resources).
+
+The real compiles run in a fresh Python process without the Triton interpreter: kernels interpreted
+earlier in the same test run can leave Triton's language patched for the interpreter, and a compile
+in that process then fails inside Triton's code generator (seen in a full CPU run)."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import triton.language as tl
@@ -67,11 +77,23 @@ def _ptx(kernel, **constexprs) -> str:
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
 
 
+def _in_fresh_process(expression: str) -> object:
+    """``expression`` evaluated (this module as ``t``) in a new Python process without the interpreter."""
+    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    code = f"import json\nimport tests.unit.test_kernel_registry as t\nprint(json.dumps({expression}))"
+    done = subprocess.run([sys.executable, "-c", code], check=False, cwd=Path(__file__).parents[2], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _serialized(carry: bool) -> bool | None:
+    return serialized_products(_ptx(_carried_product_kernel(), CARRY=carry))
+
+
 @pytest.mark.slow
 def test_ptxas_serializing_a_kernels_products_is_seen_on_the_build_host() -> None:
-    kernel = _carried_product_kernel()
-    assert serialized_products(_ptx(kernel, CARRY=True)) is True
-    assert serialized_products(_ptx(kernel, CARRY=False)) is False
+    assert _in_fresh_process("[t._serialized(True), t._serialized(False)]") == [True, False]
 
 
 def test_ptx_without_tensor_core_products_is_not_judged() -> None:
@@ -96,22 +118,23 @@ def _accumulating_kernel():
     return JITFunction(_accumulate)
 
 
-@pytest.mark.slow
-def test_spills_inside_a_loop_are_told_from_spills_outside_on_the_build_host() -> None:
-    # 8192 fp32 values per warp capped at 64 registers spill either way; only the loop's spill
-    # loads and stores come back every iteration.
+def _accumulating_resources(loop: bool) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    kernel, found = _accumulating_kernel(), {}
-    for loop in (True, False):
-        source = ASTSource(kernel, signature={"X": "*fp32", "Y": "*fp32", "N": "i32", "BLOCK": "constexpr",
-                                              "LOOP": "constexpr"}, constexprs={"BLOCK": 8192, "LOOP": loop})
-        compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1, "maxnreg": 64})
-        found[loop] = resources(compiled)
-    assert found[True]["spill_bytes"] and found[True]["loop_spill_instructions"] > 0
-    assert found[False]["spill_bytes"] and found[False]["loop_spill_instructions"] == 0
+    signature = {"X": "*fp32", "Y": "*fp32", "N": "i32", "BLOCK": "constexpr", "LOOP": "constexpr"}
+    source = ASTSource(_accumulating_kernel(), signature=signature, constexprs={"BLOCK": 8192, "LOOP": loop})
+    return resources(triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1, "maxnreg": 64}))
+
+
+@pytest.mark.slow
+def test_spills_inside_a_loop_are_told_from_spills_outside_on_the_build_host() -> None:
+    # 8192 fp32 values per warp capped at 64 registers spill either way; only the loop's spill
+    # loads and stores come back every iteration.
+    in_loop, outside = _in_fresh_process("[t._accumulating_resources(True), t._accumulating_resources(False)]")
+    assert in_loop["spill_bytes"] and in_loop["loop_spill_instructions"] > 0
+    assert outside["spill_bytes"] and outside["loop_spill_instructions"] == 0
 
 
 def test_loop_spills_are_counted_between_a_backward_branch_and_its_target() -> None:
