@@ -232,3 +232,26 @@ def test_gpu_a_malformed_program_is_refused_by_name(gpu_device: str, code: list[
     x = torch.zeros(4, device="cuda")
     with pytest.raises(RuntimeError, match=match):
         torch.ops.polykernels.program_register.default([x], [99], [x], 1, code)
+
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("change", [None, "cpu", "flag-int", "segments-float", "k-list", "programs-off"])
+def test_gpu_calls_no_program_may_serve_have_no_class(gpu_device: str, monkeypatch: pytest.MonkeyPatch,
+                                                      change: str | None) -> None:
+    from polykernels.gated_delta_rule import chunk
+
+    q = torch.zeros(1, 64, 2, 16, device="cpu" if change == "cpu" else "cuda")
+    args = {"q": q, "k": q, "v": q, "g": q[..., 0], "beta": q[..., 0], "initial_state": None,
+            "output_final_state": True, "cu_seqlens": None, "use_qk_l2norm_in_kernel": False, "num_segments": None}
+    if change == "flag-int":
+        args["output_final_state"] = 1
+    elif change == "segments-float":
+        args["num_segments"] = 2.0
+    elif change == "k-list":
+        args["k"] = [q]
+    elif change == "programs-off":
+        monkeypatch.setattr(_programs, "enabled", lambda: False)
+    found = chunk._replay_class(**args)
+    # The unchanged call has a class; each change must reach the checked path (its errors, the CPU path).
+    assert (found is not None) if change is None else (found is None)
