@@ -199,7 +199,12 @@ def gdn_combine_kernel(
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr,
     HAS_INITIAL: tl.constexpr, VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """Each segment's true initial state: h_{s+1} = M_s h_s + h_local_s along the sequence."""
+    """Each segment's true initial state: h_{s+1} = M_s h_s + h_local_s along the sequence.
+
+    K <= KB: one product per segment with the whole K x K operator, whose loads (and h_local's) do
+    not depend on the state, so the pipeliner issues them a segment ahead and only the product is on
+    the chain. Wider K: the operator in KB-column blocks, the state read back from where it was just
+    stored (a K x K operator does not fit in registers next to the state)."""
     i_v = tl.program_id(0)
     i_n = tl.program_id(1).to(tl.int64)
     i_hv = tl.program_id(2).to(tl.int64)
@@ -216,19 +221,29 @@ def gdn_combine_kernel(
     state = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_INITIAL:
         state += tl.load(H0_ptr + (i_n * HV + i_hv) * K * V + tile, mask=tile_mask, other=0.0)
-    for j in range(0, count):
-        segment = first + j
-        base = (segment * HV + i_hv) * K
-        tl.store(HINIT_ptr + base * V + tile, state, mask=tile_mask)
-        if j < count - 1:
-            tl.debug_barrier()
-            # M h in K blocks, reading h back from where it was just stored: a K x K operator
-            # does not fit in registers next to the state.
-            state = tl.load(HLOC_ptr + base * V + tile, mask=tile_mask, other=0.0)
-            for kb in tl.static_range(0, BK, KB):
-                m_cols = kb + tl.arange(0, KB)
-                m = tl.load(M_ptr + (base + k_rows[:, None]) * K + m_cols[None, :],
-                            mask=(k_rows[:, None] < K) & (m_cols[None, :] < K), other=0.0)
-                h = tl.load(HINIT_ptr + (base + m_cols[:, None]) * V + cols[None, :],
-                            mask=(m_cols[:, None] < K) & (cols[None, :] < V), other=0.0)
-                state += tl.dot(m, h, input_precision=DOT_PRECISION)
+    if BK <= KB:
+        k_cols = tl.arange(0, BK)
+        operator_mask = (k_rows[:, None] < K) & (k_cols[None, :] < K)
+        for j in range(0, count - 1):
+            base = ((first + j) * HV + i_hv) * K
+            tl.store(HINIT_ptr + base * V + tile, state, mask=tile_mask)
+            m = tl.load(M_ptr + (base + k_rows[:, None]) * K + k_cols[None, :], mask=operator_mask, other=0.0)
+            local = tl.load(HLOC_ptr + base * V + tile, mask=tile_mask, other=0.0)
+            state = tl.dot(m, state, input_precision=DOT_PRECISION) + local
+        last = ((first + count - 1) * HV + i_hv) * K
+        tl.store(HINIT_ptr + last * V + tile, state, mask=tile_mask & (count > 0))
+    else:
+        for j in range(0, count):
+            segment = first + j
+            base = (segment * HV + i_hv) * K
+            tl.store(HINIT_ptr + base * V + tile, state, mask=tile_mask)
+            if j < count - 1:
+                tl.debug_barrier()
+                state = tl.load(HLOC_ptr + base * V + tile, mask=tile_mask, other=0.0)
+                for kb in tl.static_range(0, BK, KB):
+                    m_cols = kb + tl.arange(0, KB)
+                    m = tl.load(M_ptr + (base + k_rows[:, None]) * K + m_cols[None, :],
+                                mask=(k_rows[:, None] < K) & (m_cols[None, :] < K), other=0.0)
+                    h = tl.load(HINIT_ptr + (base + m_cols[:, None]) * V + cols[None, :],
+                                mask=(m_cols[:, None] < K) & (cols[None, :] < V), other=0.0)
+                    state += tl.dot(m, h, input_precision=DOT_PRECISION)

@@ -207,6 +207,19 @@ HOPPER_REGISTER_STAGES: Mapping[int, int] = types.MappingProxyType({64: 3})
 # took 721 us against 168's 551 ("twelfth set"). K = 64 compiles to 246 registers uncapped (two programs
 # per SM) and to 168 with 8 bytes spilled; capped it was not measured. An empty table turns the pass off.
 HOPPER_PREPARE: Mapping[int, int | None] = types.MappingProxyType({64: None, 128: 168})
+# The combine pass (the scan over segments, cut sequences only): its V tile, the widest padded K whose
+# K x K transition it takes as one operator (wider K goes in 32-column blocks through the stored
+# state), warps and pipeline stages (the transitions load a segment ahead of the product).
+COMBINE_LAUNCH: Mapping[str, int] = types.MappingProxyType({"block_v": 16, "whole_k": 128, "num_warps": 4,
+                                                            "num_stages": 2})
+
+
+def combine_operator_block(block_k: int, whole_k: int) -> int:
+    """The combine kernel's KB: the whole K x K transition as one operator up to ``whole_k``
+    (COMBINE_LAUNCH), else 32-column blocks."""
+    return block_k if block_k <= whole_k else 32
+
+
 # The prepare kernel's K and V tiles are at least this wide (narrower heads are masked): its
 # products (I + A)^-1 x (32 columns) of 16-bit inputs came out wrong, or faulted, on the H200
 # (Triton 3.6, sm_90 wgmma with the left operand in registers); 64 columns are right.
@@ -251,7 +264,7 @@ def launch_chunk_gated_delta_rule(
                      platform.current(), RECURRENCE_BLOCK_V[block_k],
                      RECURRENCE_LAUNCH[block_k], PREPARE_LAUNCH[max(block_k, PREPARE_MIN_BLOCK)],
                      tuple(HOPPER_STAGES.items()), tuple(HOPPER_PREPARE.items()),
-                     tuple(HOPPER_REGISTER_STAGES.items()))
+                     tuple(HOPPER_REGISTER_STAGES.items()), tuple(COMBINE_LAUNCH.items()))
     run = _launchers()
     cu = cu_seqlens if cu_seqlens is not None else _unused_offsets(device)
     initial = initial_state.float().contiguous() if initial_state is not None else final
@@ -358,6 +371,7 @@ def _recipe(
     seen: platform.Platform, block_vs: tuple[int, int], launch: tuple[int, int],
     prepare_launch: tuple[int, int], hopper_stages: tuple[tuple[int, int], ...],
     hopper_prepare: tuple[tuple[int, int | None], ...], hopper_register_stages: tuple[tuple[int, int], ...],
+    combine_launch: tuple[tuple[str, int], ...],
 ) -> _Recipe:
     batch, tokens, heads, key_dim = q_shape
     value_heads, value_dim = v_shape[2], v_shape[3]
@@ -378,6 +392,8 @@ def _recipe(
     else:
         segments_per_seq = -(-chunks_per_seq // segment_chunks)
         max_segments, segment_tokens = num_seqs * segments_per_seq, segment_chunks * CHUNK
+    combine = dict(combine_launch)
+    combine_bv = min(combine["block_v"], _block(value_dim))
     prep_bv, prep_warps = prepare_launch
     prep_dot, prep_inverse = guards.prepare_precision(fp32_inputs=dtype == torch.float32)
     prep_bv = max(min(prep_bv, _block(value_dim)), PREPARE_MIN_BLOCK)
@@ -403,7 +419,8 @@ def _recipe(
         prepare_tail = {"num_warps": 4, **({"maxnreg": caps[key_dim]} if caps[key_dim] else {})}
     return _Recipe(
         spec=(q_shape, v_shape, dtype, cu_dtype, num_seqs, has_initial, output_final_state, l2norm, num_segments,
-              device, seen, block_vs, launch, prepare_launch, hopper_stages, hopper_prepare, hopper_register_stages),
+              device, seen, block_vs, launch, prepare_launch, hopper_stages, hopper_prepare, hopper_register_stages,
+              combine_launch),
         chunks_per_seq=chunks_per_seq, segment_chunks=segment_chunks,
         segments_per_seq=segments_per_seq, max_segments=max_segments, segment_tokens=segment_tokens,
         plan_meta={"BT": CHUNK, "BLOCK": 1024, "num_warps": 4, "num_stages": 1},
@@ -414,10 +431,11 @@ def _recipe(
         segment_state_grid=(value_tiles + -(-key_dim // block_v), max_segments, value_heads),
         segment_state_meta={**recurrence, "HAS_INITIAL": False, "SEGMENT_STATE": True, "STORE_FINAL": False,
                             **recurrence_tail},
-        combine_grid=(value_tiles, num_seqs, value_heads),
-        combine_meta={"HV": value_heads, "K": key_dim, "V": value_dim, "BK": block_k, "BV": block_v, "KB": 32,
-                      "HAS_INITIAL": has_initial, "VARLEN": varlen, "DOT_PRECISION": precision, "num_warps": 4,
-                      "num_stages": 1},
+        combine_grid=(-(-value_dim // combine_bv), num_seqs, value_heads),
+        combine_meta={"HV": value_heads, "K": key_dim, "V": value_dim, "BK": block_k, "BV": combine_bv,
+                      "KB": combine_operator_block(block_k, combine["whole_k"]), "HAS_INITIAL": has_initial,
+                      "VARLEN": varlen, "DOT_PRECISION": precision, "num_warps": combine["num_warps"],
+                      "num_stages": combine["num_stages"]},
         recurrence_grid=(value_tiles, max_segments, value_heads),
         recurrence_meta={**recurrence, "HAS_INITIAL": has_initial or bool(segment_chunks), "SEGMENT_STATE": False,
                          "STORE_FINAL": output_final_state, **recurrence_tail},

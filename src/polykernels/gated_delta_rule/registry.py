@@ -12,12 +12,14 @@ import torch
 from polykernels import platform
 from polykernels.gated_delta_rule.guards import dot_precision, prepare_precision
 from polykernels.gated_delta_rule.launch import (
+    COMBINE_LAUNCH,
     HOPPER_PREPARE,
     HOPPER_REGISTER_STAGES,
     HOPPER_STAGES,
     PREPARE_LAUNCH,
     RECURRENCE_BLOCK_V,
     RECURRENCE_LAUNCH,
+    combine_operator_block,
     hopper_pass,
 )
 from polykernels.kernel_registry import KernelSpec, register
@@ -105,10 +107,10 @@ register(KernelSpec(
     signature={"H0_ptr": "*fp32", "HLOC_ptr": "*fp32", "M_ptr": "*fp32", "HINIT_ptr": "*fp32", "CU": "*i32",
                "SEG_OFFSETS": "*i64", "N": "i32", "SEGS_PER_SEQ": "i32",
                **_constexpr("HV", "K", "V", "BK", "BV", "KB", "HAS_INITIAL", "VARLEN", "DOT_PRECISION")},
-    constexprs={"HV": 32, "K": 128, "V": 128, "BK": 128, "BV": _RECURRENCE_BV, "KB": 32, "HAS_INITIAL": True,
-                "VARLEN": True},
+    constexprs={"HV": 32, "K": 128, "V": 128, "BK": 128, "BV": COMBINE_LAUNCH["block_v"],
+                "KB": combine_operator_block(128, COMBINE_LAUNCH["whole_k"]), "HAS_INITIAL": True, "VARLEN": True},
     platform_constexprs=_precision,
-    options=_SMALL,
+    options={"num_warps": COMBINE_LAUNCH["num_warps"], "num_stages": COMBINE_LAUNCH["num_stages"]},
 ))
 
 

@@ -205,7 +205,8 @@ def test_register_state_pass_runs_uncut_wide_tiles_on_sm90(monkeypatch: pytest.M
         torch.Size([1, 8192, heads, 128]), torch.Size([1, 8192, value_heads, 128]), torch.bfloat16, None, 1, False,
         True, False, num_segments, torch.device("cpu"), seen, launch.RECURRENCE_BLOCK_V[128],
         launch.RECURRENCE_LAUNCH[128], launch.PREPARE_LAUNCH[128], tuple(launch.HOPPER_STAGES.items()),
-        tuple(launch.HOPPER_PREPARE.items()), tuple(launch.HOPPER_REGISTER_STAGES.items()))
+        tuple(launch.HOPPER_PREPARE.items()), tuple(launch.HOPPER_REGISTER_STAGES.items()),
+        tuple(launch.COMBINE_LAUNCH.items()))
     assert recipe.hopper and recipe.hopper_registers is registers
     assert recipe.recurrence_meta["BV"] == (64 if registers or num_segments else 32)
     assert recipe.recurrence_meta["STAGES"] == (launch.HOPPER_REGISTER_STAGES[64] if registers
