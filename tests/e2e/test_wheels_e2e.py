@@ -160,9 +160,12 @@ def test_the_rocm_builder_is_the_hip_7_2_toolchain(rocm_builder: str) -> None:
 
 def test_every_gpu_source_compiles_with_hipcc_for_both_gfx_archs(rocm_builder: str) -> None:
     # The warp-shuffle portability of csrc/: every GPU source under it, compiled by hipcc for
-    # gfx942 and gfx950 together (an empty glob proves nothing, so it fails).
+    # gfx942 and gfx950 together (an empty glob proves nothing, so it fails). Each source that
+    # launches kernels of its own (<<<...>>>) carries code for both archs; one that launches only
+    # Triton's compiled kernels (launch/program.cu) carries none.
     sources = sorted(str(p.relative_to(ROOT / "csrc")) for p in (ROOT / "csrc").rglob("*.cu"))
-    assert sources, "no .cu sources under csrc/"
+    with_kernels = [src for src in sources if "<<<" in (ROOT / "csrc" / src).read_text()]
+    assert sources and with_kernels, "no .cu sources (or none defining a kernel) under csrc/"
     compiles = " && ".join(
         f"hipcc -x hip -c /csrc/{src} -o /tmp/k{i}.o -std=c++20 -fPIC -I/csrc/include -I/csrc "
         "-I/opt/torch-sdk/torch/include -DUSE_ROCM=1 -DTORCH_TARGET_VERSION=0x020d000000000000 "
@@ -172,7 +175,7 @@ def test_every_gpu_source_compiles_with_hipcc_for_both_gfx_archs(rocm_builder: s
         ["docker", "run", "--rm", "--pull=never", "-v", f"{ROOT / 'csrc'}:/csrc:ro", rocm_builder, "sh", "-c",
          compiles], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert result.stdout.count("gfx942") >= len(sources) and result.stdout.count("gfx950") >= len(sources)
+    assert result.stdout.count("gfx942") >= len(with_kernels) and result.stdout.count("gfx950") >= len(with_kernels)
 
 
 def test_cuda_warp_mask_would_break_hipcc(rocm_builder: str) -> None:
