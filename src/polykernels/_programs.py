@@ -1,6 +1,6 @@
 """Launch programs: an op's Triton launches for one class of call, recorded once and replayed from C++.
 
-An eager call through Python (argument checks, the plan, allocations, two to four launches through
+An eager call through Python (argument checks, the plan, allocations, two to five launches through
 Triton's launcher) costs tens of microseconds of host time, more than a short call's kernels take.
 The first call of a class takes that path; its launches are then registered with the extension
 (``csrc/launch/program.cu``) under the class: the call's tensors (dtype, device, sizes, strides,
@@ -10,8 +10,10 @@ a class that passed the Python checks is the check; anything the class does not 
 inside a tensor, a scalar's range) the caller checks before it asks.
 
 Only plain launches are recorded (``Launcher.described``): NVIDIA's launcher, no scratch memory,
-no clusters. ROCm builds compile the replay but do not record yet: no AMD GPU has run it.
-``POLYKERNELS_LAUNCH_PROGRAMS=0`` turns replay off (every call takes the Python path).
+no clusters. A class that is never recorded (its call clones or converts an input first) pays one
+lookup per call before the checked path: the op call, about 10 us on the H200's host. ROCm builds
+compile the replay but do not record yet: no AMD GPU has run it. ``POLYKERNELS_LAUNCH_PROGRAMS=0``
+turns replay off (every call takes the Python path).
 """
 
 from __future__ import annotations

@@ -255,3 +255,46 @@ def test_gpu_calls_no_program_may_serve_have_no_class(gpu_device: str, monkeypat
     found = chunk._replay_class(**args)
     # The unchanged call has a class; each change must reach the checked path (its errors, the CPU path).
     assert (found is not None) if change is None else (found is None)
+
+
+@pytest.mark.parametrize(("options", "launches"), [
+    ({}, ["prepare", "recurrence"]),
+    ({"num_segments": 2}, ["prepare", "segment_state", "combine", "recurrence"]),
+    ({"cu_seqlens": torch.tensor([0, 40, 128])}, ["plan", "prepare", "recurrence"]),
+    ({"initial_state": torch.zeros(1, 4, 16, 16)}, ["prepare", "recurrence"]),
+    ({"initial_state": torch.zeros(1, 4, 16, 16, dtype=torch.float16)}, None),
+], ids=["dense", "segments", "packed", "fp32-initial", "fp16-initial-converted"])
+def test_the_checked_path_records_its_own_launches(monkeypatch: pytest.MonkeyPatch, options: dict,
+                                                   launches: list[str] | None) -> None:
+    # The Python side of recording, in the interpreter: which launches a call hands to the extension,
+    # with which tensors; a call that converts an input records nothing.
+    recorded = []
+    monkeypatch.setattr(_programs, "register", lambda *args, **kwargs: recorded.append((args, kwargs)))
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 128, 2, 16, generator=gen), torch.randn(1, 128, 2, 16, generator=gen)
+    v = torch.randn(1, 128, 4, 16, generator=gen)
+    g, beta = -torch.rand(1, 128, 4, generator=gen), torch.rand(1, 128, 4, generator=gen)
+    initial, cu = options.get("initial_state"), options.get("cu_seqlens")
+    if cu is not None:
+        initial = None
+    tensors, flags = [q, k, v, g, beta, initial, cu], [1, 0, 1, 0, options.get("num_segments", 0)]
+    o, final = launch.launch_chunk_gated_delta_rule(q, k, v, g, beta, 0.25, initial, True, cu, False,
+                                                    options.get("num_segments"), replay=(tensors, flags))
+    if launches is None:
+        assert recorded == []
+        return
+    (args, kwargs), = recorded
+    got_tensors, got_flags, outputs, returned, steps = args
+    assert got_tensors is tensors and got_flags is flags and returned == 2
+    assert outputs[0] is o and outputs[1] is final and outputs[2].dtype == torch.uint8
+    assert kwargs["constants"][0].device == q.device
+    named = {id(launch._launchers().plan): "plan", id(launch._launchers().prepare): "prepare",
+             id(launch._launchers().combine): "combine"}
+    kinds = [named.get(id(step.launcher), "sequential") for step in steps]
+    expected = ["sequential" if name in ("segment_state", "recurrence") else name for name in launches]
+    assert kinds == expected
+    for step in steps:  # the scale is a per-call scalar; the workspace's parts are marked, not addresses
+        assert not any(isinstance(arg, float) for arg in step.args)
+        assert all(isinstance(arg, (torch.Tensor, int, OutputPart, Scalar)) for arg in step.args)
+        assert all(any(arg is t for t in (*tensors, o, final, *kwargs["constants"]))
+                   for arg in step.args if isinstance(arg, torch.Tensor))

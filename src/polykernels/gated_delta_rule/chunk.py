@@ -51,11 +51,12 @@ def _(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, us
 def _run(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, scale: float,
     initial_state: torch.Tensor | None, output_final_state: bool, cu_seqlens: torch.Tensor | None,
-    use_qk_l2norm_in_kernel: bool, num_segments: int | None,
+    use_qk_l2norm_in_kernel: bool, num_segments: int | None, replay: tuple[list, list] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``replay``: the call's launch-program class (``_replay_class``), to record its launches under."""
     if _path(q.device.type) == "triton":
         return launch_chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
-                                             use_qk_l2norm_in_kernel, num_segments)
+                                             use_qk_l2norm_in_kernel, num_segments, replay=replay)
     return chunk_gated_delta_rule_torch(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
                                         use_qk_l2norm_in_kernel)
 
@@ -218,9 +219,11 @@ def chunk_gated_delta_rule(
         ROCm); CPU tensors run the chunked torch implementation. A NaN/Inf in a token's inputs
         makes that token's output and every later one of its sequence NaN, never an earlier one.
     """
-    replay = _replay_class(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens, use_qk_l2norm_in_kernel,
-                           num_segments)
-    if replay is not None and (scale is None or (type(scale) is float and math.isfinite(scale))):
+    replay = None
+    if scale is None or (type(scale) is float and math.isfinite(scale)):
+        replay = _replay_class(q, k, v, g, beta, initial_state, output_final_state, cu_seqlens,
+                               use_qk_l2norm_in_kernel, num_segments)
+    if replay is not None:
         # A later eager call of a class the checked path has run: its launch program, one call into C++.
         replayed = _programs.run(*replay, [q.shape[-1] ** -0.5 if scale is None else scale])
         if replayed is not None:
@@ -237,11 +240,8 @@ def chunk_gated_delta_rule(
                                               cu_seqlens, use_qk_l2norm_in_kernel, num_segments)
         return o, final if output_final_state else None
     # Eager: straight to the launch; the custom op's dispatch costs more host time than the kernels.
-    if _path(q.device.type) == "triton":
-        return launch_chunk_gated_delta_rule(q, k, v, g, beta, float(scale), initial_state, output_final_state,
-                                             cu_seqlens, use_qk_l2norm_in_kernel, num_segments, replay=replay)
     return _run(q, k, v, g, beta, float(scale), initial_state, output_final_state, cu_seqlens,
-                use_qk_l2norm_in_kernel, num_segments)
+                use_qk_l2norm_in_kernel, num_segments, replay)
 
 
 # The first of a launch program's flags: which op the program is of.

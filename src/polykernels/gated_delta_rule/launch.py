@@ -308,9 +308,10 @@ def launch_chunk_gated_delta_rule(
     launches = _launches(recipe, run, spec, (recipe.spec, cu.data_ptr() & 15), cu_seqlens is not None)
     for launcher, grid, name, meta, key in launches:
         launcher(grid, getattr(args, name), meta, spec_key=key, tensors=lambda name=name: getattr(views(), name))
-    if replay is not None:
-        # Every tensor of the launches must be one of the call's own for the program to replay them:
-        # a clone made above (an unaligned q) or a converted initial state is not, and is not recorded.
+    own = replay is not None and all(a is b for a, b in zip(replay[0][:3], (q, k, v), strict=True))
+    if own and (initial is initial_state or initial is final):
+        # Every tensor of the launches is one of the call's own, as a program replays them (a clone
+        # made above, of an unaligned q, or a converted initial state would not be: no program).
         marked = arguments(_Scratch(*(OutputPart(2, part.offset) for part in recipe.workspace.parts)), Scalar(0))
         _programs.register(replay[0], replay[1], (o, final, workspace), 2,
                            [Step(launcher, grid, getattr(marked, name), key)
