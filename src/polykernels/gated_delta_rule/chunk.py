@@ -225,14 +225,14 @@ def chunk_gated_delta_rule(
                                use_qk_l2norm_in_kernel, num_segments)
     if replay is not None:
         # A later eager call of a class the checked path has run: its launch program, one call into C++.
-        replayed = _programs.run(*replay, [q.shape[-1] ** -0.5 if scale is None else scale])
+        replayed = _programs.run(*replay, [_default_scale(q) if scale is None else scale])
         if replayed is not None:
             return replayed[0], replayed[1] if output_final_state else None
     output_final_state = _check_flag(output_final_state, "output_final_state")
     use_qk_l2norm_in_kernel = _check_flag(use_qk_l2norm_in_kernel, "use_qk_l2norm_in_kernel")
     _check(q, k, v, g, beta, initial_state, cu_seqlens, num_segments)
     if scale is None:
-        scale = q.shape[-1] ** -0.5
+        scale = _default_scale(q)
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not float("-inf") < scale < float("inf"):
         raise ValueError(f"scale must be a finite number, got {scale!r}")
     if torch.compiler.is_compiling():
@@ -242,6 +242,10 @@ def chunk_gated_delta_rule(
     # Eager: straight to the launch; the custom op's dispatch costs more host time than the kernels.
     return _run(q, k, v, g, beta, float(scale), initial_state, output_final_state, cu_seqlens,
                 use_qk_l2norm_in_kernel, num_segments, replay)
+
+
+def _default_scale(q: torch.Tensor) -> float:
+    return q.shape[-1] ** -0.5
 
 
 # The first of a launch program's flags: which op the program is of.

@@ -268,13 +268,15 @@ def launch_chunk_gated_delta_rule(
     run = _launchers()
     cu = cu_seqlens if cu_seqlens is not None else _unused_offsets(device)
     initial = initial_state.float().contiguous() if initial_state is not None else final
+    # A launch program replays the call's own tensors: a copy made here (below too) is not one of them.
+    copied = initial is not initial_state and initial is not final
     if (recipe.hopper or recipe.hopper_prepare) and (q.data_ptr() | k.data_ptr()) & 15:
         # The Gluon passes copy q and k in 16-byte pieces (cp.async; an unaligned base does not
         # compile): a view that starts off a 16-byte boundary is copied first (fresh and
         # contiguous tensors are aligned).
-        q, k = q.clone(), k.clone()
+        q, k, copied = q.clone(), k.clone(), True
     if recipe.hopper_prepare and v.data_ptr() & 15:
-        v = v.clone()  # the Gluon prepare pass copies v's tile the same way
+        v, copied = v.clone(), True  # the Gluon prepare pass copies v's tile the same way
     # The launchers' spec_key: the recipe's (every integer argument and constexpr, the dtypes), then
     # each caller tensor's 16-byte alignment (the workspace's parts are aligned).
     spec = (recipe.spec, q.data_ptr() & 15, k.data_ptr() & 15, v.data_ptr() & 15, g.dtype, g.data_ptr() & 15,
@@ -308,10 +310,7 @@ def launch_chunk_gated_delta_rule(
     launches = _launches(recipe, run, spec, (recipe.spec, cu.data_ptr() & 15), cu_seqlens is not None)
     for launcher, grid, name, meta, key in launches:
         launcher(grid, getattr(args, name), meta, spec_key=key, tensors=lambda name=name: getattr(views(), name))
-    own = replay is not None and all(a is b for a, b in zip(replay[0][:3], (q, k, v), strict=True))
-    if own and (initial is initial_state or initial is final):
-        # Every tensor of the launches is one of the call's own, as a program replays them (a clone
-        # made above, of an unaligned q, or a converted initial state would not be: no program).
+    if replay is not None and not copied:
         marked = arguments(_Scratch(*(OutputPart(2, part.offset) for part in recipe.workspace.parts)), Scalar(0))
         _programs.register(replay[0], replay[1], (o, final, workspace), 2,
                            [Step(launcher, grid, getattr(marked, name), key)
