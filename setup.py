@@ -33,6 +33,7 @@ import re
 import shutil
 import struct
 import subprocess
+import sysconfig
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -53,8 +54,11 @@ CUDA_ARCH_PATTERN = re.compile(r"^(\d+)\.(\d+)(a|f)?(\+PTX)?$")
 # stream accessor is CUDA-named and lives in libtorch_hip only.
 DEFAULT_TORCH_TARGET = {"cpu": (2, 11), "cuda": (2, 11), "rocm": (2, 13)}
 # compat/glibc_2_28.cpp keeps the host code at torch's manylinux_2_28 floor (see the file).
-CPU_SOURCES = ["csrc/int4_qat/fake_int4_quant_cpu.cpp", "csrc/launch/program_schema.cpp", "csrc/compat/glibc_2_28.cpp"]
-GPU_SOURCES = ["csrc/int4_qat/fake_int4_quant_gpu.cu", "csrc/launch/program.cu"]
+CPU_SOURCES = ["csrc/int4_qat/fake_int4_quant_cpu.cpp", "csrc/launch/program_schema.cpp", "csrc/compat/glibc_2_28.cpp",
+               "csrc/launch/python_module.cpp"]
+GPU_SOURCES = ["csrc/int4_qat/fake_int4_quant_gpu.cu", "csrc/launch/program.cu", "csrc/launch/direct_launch.cu"]
+# Sources that include Python.h (the limited API: the module works with every Python >= 3.10).
+PYTHON_SOURCES = frozenset({"csrc/launch/python_module.cpp"})
 
 
 class BuildConfigError(RuntimeError):
@@ -118,6 +122,14 @@ def torch_paths(env: Mapping[str, str]) -> tuple[list[str], list[str]]:
     except ImportError:
         raise BuildConfigError("torch is not importable: install torch>=2.11 or set POLYKERNELS_TORCH_SDK") from None
     return cpp.include_paths(), cpp.library_paths()
+
+
+def python_include() -> str:
+    """The building Python's header directory (Python.h); the module half of the extension needs it."""
+    include = Path(sysconfig.get_paths()["include"])
+    if not (include / "Python.h").is_file():
+        raise BuildConfigError(f"Python.h is not in {include}: install the Python headers (Debian: python3-dev)")
+    return str(include)
 
 
 def parse_cuda_archs(spec: str) -> tuple[str, ...]:
@@ -288,7 +300,8 @@ class BuildStableExtension(build_ext):
             src = str(ROOT / source)
             if source.endswith(".cpp"):
                 cxx = os.environ.get("CXX", "c++")
-                _run([*launcher, cxx, "-c", src, "-o", str(obj), *common, "-fPIC", "-Wall", *includes])
+                python = [f"-I{python_include()}"] if source in PYTHON_SOURCES else []
+                _run([*launcher, cxx, "-c", src, "-o", str(obj), *common, "-fPIC", "-Wall", *includes, *python])
             elif build.backend == "cuda":
                 _run([*launcher, build.compiler, "-c", src, "-o", str(obj), *common, "-DUSE_CUDA",
                       "-Xcompiler", "-fPIC",

@@ -7,11 +7,13 @@ bench's host column that a build host can measure. Best of 7 rounds of 3000 call
 
 With ``--device cuda``: the bench's host column split into its parts at the bench shapes, each
 timed as the bench does (calls issued while the GPU is busy): the public op (its launch program
-replayed from C++ after the first call), the public op through the checked Python path, the launch
-function alone (no argument checks), the launch function with the kernel launches stubbed (Python
-and GPU allocations), and a one-kernel torch op (the launch floor); the FLUX norms at B1 L4608 D3072,
-public op and launch stubbed; and one norm call taken apart (its class key, the output's allocation,
-the launcher's call and Triton's C launch alone, each timed by itself).
+replayed from C++ after the first call), the public op through the checked Python path (its launches
+through the extension's launch, then through Triton's launcher), the launch function alone (no
+argument checks), the launch function with the kernel launches stubbed (Python and GPU
+allocations), and a one-kernel torch op (the launch floor); the FLUX norms at B1 L4608 D3072, public
+op (with either launch) and launch stubbed; and one norm call taken apart (its class key, the
+output's allocation, the launcher's call, the extension's launch and Triton's C launch alone, each
+timed by itself).
 """
 
 from __future__ import annotations
@@ -121,6 +123,8 @@ def _gdn_gpu_row(heads: int, value_heads: int, lengths: list[int] | None) -> dic
     row = {"public op": host_us(public)}
     with _programs_off():
         row["public op, launch programs off"] = host_us(public)
+        with _native_launch_off():
+            row["public op, launch programs off, Triton's launcher"] = host_us(public)
     row["launch function"] = host_us(launch_only)
     with _gdn_launches_stubbed():
         row["launch function, launches stubbed"] = host_us(launch_only)
@@ -140,6 +144,30 @@ def _programs_off() -> Iterator[None]:
         _programs.enabled = original
 
 
+@contextlib.contextmanager
+def _native_launch_off() -> Iterator[None]:
+    """Every direct launch goes through Triton's C launcher inside the block (the launchers, which
+    keep one direct launch per class of call, are made anew on both sides of it)."""
+    from polykernels import _launch
+    from polykernels.gated_delta_rule import launch
+    from polykernels.norm import ops
+
+    def forget() -> None:
+        ops.forget_plans()
+        for factory in (launch._launchers, launch._hopper_launcher, launch._hopper_register_launcher,
+                        launch._hopper_prepare_launcher):
+            factory.cache_clear()
+
+    original = _launch.native_launch
+    _launch.native_launch = lambda: None
+    forget()
+    try:
+        yield
+    finally:
+        _launch.native_launch = original
+        forget()
+
+
 def _norm_gpu_rows() -> dict[str, dict[str, float]]:
     from benchmarks.timing import host_us
     from polykernels.norm import ops
@@ -156,6 +184,9 @@ def _norm_gpu_rows() -> dict[str, dict[str, float]]:
         "head_rmsnorm B1 L4608 24x128": lambda: ops.head_rmsnorm(heads, head_weight),
     }
     rows = {name: {"public op": host_us(call)} for name, call in calls.items()}
+    with _native_launch_off():
+        for name, call in calls.items():
+            rows[name]["public op, Triton's launcher"] = host_us(call)
     with _norm_launches_stubbed():
         for name, call in calls.items():
             rows[name]["launch stubbed"] = host_us(call)
@@ -165,6 +196,7 @@ def _norm_gpu_rows() -> dict[str, dict[str, float]]:
 def _norm_gpu_pieces() -> dict[str, float]:
     """One norm call taken apart: each piece of layernorm_modulate's eager path timed alone."""
     from benchmarks.timing import host_us
+    from polykernels import _launch
     from polykernels.norm import ops
 
     x = torch.randn(1, 4608, 3072, dtype=torch.bfloat16, device="cuda")
@@ -172,8 +204,10 @@ def _norm_gpu_pieces() -> dict[str, float]:
     y = ops.layernorm_modulate(x, shift, scale)
     plan = ops._eager_plans[ops._modulated_class(x, None, shift, scale, 1e-6)]
     launcher = ops._launchers().norm
-    direct = launcher.cached(plan.spec)
     args = (x, y, x, shift, scale, y, y, *plan.ints, 1e-6)
+    compiled = launcher._kernels[_launch._spec_entry(torch.cuda.current_device(), plan.spec)]
+    native = _launch.native_direct_launch(compiled, len(args))
+    direct = _launch.triton_direct_launch(compiled, launcher._constexpr_tail(len(args), plan.meta))
     addresses = tuple(arg.data_ptr() if isinstance(arg, torch.Tensor) else arg for arg in args)
     grid, stream = (*plan.grid, 1, 1), torch.cuda.current_stream().cuda_stream
     pieces = {
@@ -183,6 +217,10 @@ def _norm_gpu_pieces() -> dict[str, float]:
         "Launcher call, plan ready": lambda: launcher(plan.grid, args, plan.meta, spec_key=plan.spec),
         "Triton's C launch, addresses ready": lambda: direct(grid[0], grid[1], grid[2], stream, addresses),
     }
+    if native is not None:
+        pieces["the extension's launch, addresses ready"] = lambda: native(grid[0], grid[1], grid[2], stream,
+                                                                           addresses)
+        pieces["the extension's launch, tensors"] = lambda: native(grid[0], grid[1], grid[2], stream, args)
     return {name: round(host_us(call), 1) for name, call in pieces.items()}
 
 

@@ -26,6 +26,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "launch/driver.h"
 #include "polykernels/portable.h"
 #include "polykernels/stream.h"
 
@@ -115,43 +116,6 @@ struct Registry {
 Registry& registry() {
   static Registry* instance = new Registry();  // never destroyed: programs may run during exit
   return *instance;
-}
-
-// The driver's kernel launch: cuLaunchKernel and hipModuleLaunchKernel take the same arguments.
-using LaunchKernelFn = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                               pk_stream_t, void**, void**);
-
-#if defined(__HIPCC__)
-LaunchKernelFn launch_kernel_fn() {
-  return reinterpret_cast<LaunchKernelFn>(&hipModuleLaunchKernel);
-}
-#else
-// Through the runtime's entry-point query: the extension links libcudart only, not libcuda.
-LaunchKernelFn launch_kernel_fn() {
-  static LaunchKernelFn fn = [] {
-    void* symbol = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    const cudaError_t error =
-        cudaGetDriverEntryPointByVersion("cuLaunchKernel", &symbol, 12000, cudaEnableDefault, &found);
-    STD_TORCH_CHECK(error == cudaSuccess && found == cudaDriverEntryPointSuccess && symbol != nullptr,
-                    "program_run: the CUDA driver's cuLaunchKernel could not be found (", cudaGetErrorString(error),
-                    ")");
-    return reinterpret_cast<LaunchKernelFn>(symbol);
-  }();
-  return fn;
-}
-#endif
-
-// CUDA_ERROR_INVALID_CONTEXT: a thread that has not touched the device through the runtime yet.
-constexpr int kInvalidContext = 201;
-
-void bind_device_context(int32_t device_index) {
-#if !defined(__HIPCC__)
-  cudaSetDevice(device_index);
-  cudaFree(nullptr);  // makes the device's primary context current on this thread
-#else
-  (void)device_index;
-#endif
 }
 
 std::vector<Parameter> decode_parameters(const std::vector<int64_t>& code, size_t& at, int64_t count) {
@@ -268,7 +232,6 @@ std::vector<Tensor> program_run(std::vector<std::optional<Tensor>> tensors, std:
     outputs.emplace_back(handle);
   }
   const pk_stream_t stream = current_stream(device_index);
-  const LaunchKernelFn launch_kernel = launch_kernel_fn();
   uint64_t values[kMaxParameters + 2];
   void* parameters[kMaxParameters + 2];
   for (const Launch& launch : program->launches) {
@@ -295,22 +258,11 @@ std::vector<Tensor> program_run(std::vector<std::optional<Tensor>> tensors, std:
           break;
         }
       }
-      // Little-endian 8-byte slots: the driver reads each parameter's own size from its start.
-      values[n] = value;
-      parameters[n] = &values[n];
-      ++n;
+      values[n++] = value;
     }
-    values[n] = 0;  // global scratch
-    parameters[n] = &values[n];
-    values[n + 1] = 0;  // profile scratch
-    parameters[n + 1] = &values[n + 1];
-    int result = launch_kernel(launch.function, launch.grid[0], launch.grid[1], launch.grid[2], launch.threads, 1,
-                               1, launch.shared_bytes, stream, parameters, nullptr);
-    if (result == kInvalidContext) {
-      bind_device_context(device_index);
-      result = launch_kernel(launch.function, launch.grid[0], launch.grid[1], launch.grid[2], launch.threads, 1, 1,
-                             launch.shared_bytes, stream, parameters, nullptr);
-    }
+    const int result = driver::launch(launch.function, launch.grid, launch.threads, launch.shared_bytes, stream,
+                                      values, parameters, n, device_index);
+    STD_TORCH_CHECK(result != driver::kNoDriverLaunch, "program_run: the driver's kernel launch was not found");
     STD_TORCH_CHECK(result == 0, "program_run: a kernel launch failed with driver error ", result);
   }
   outputs.resize(program->returned);

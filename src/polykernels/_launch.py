@@ -10,11 +10,16 @@ integer's value class (== 1, divisible by 16, fits in int32), the constexpr valu
 options. A caller that already knows all of that passes its own ``spec_key`` (a tuple of what
 it has at hand) and skips the per-argument key. Anything else (the interpreter, launch hooks set
 by a profiler) takes Triton's own path.
+
+The direct call goes to the extension's own launch (``polykernels._C.launch``,
+csrc/launch/python_module.cpp) where the kernel is a plain CUDA launch; Triton's C launcher
+otherwise, or with ``POLYKERNELS_NATIVE_LAUNCH=0``.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +27,8 @@ from typing import Any
 import torch
 
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+# Triton's names of the integer parameter types (a kernel's compiled signature).
+INTEGER_TYPES = frozenset({"i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64"})
 _SPEC = object()  # marks a caller's spec_key in the cache key: no derived key can equal it
 
 
@@ -91,7 +98,7 @@ class Launcher:
             args = tensors()
         compiled = self._launch_fitting(grid, args, meta)
         if _is_compiled(compiled):
-            self._compiled[key] = _direct_launch(compiled, self._constexpr_tail(len(args), meta))
+            self._compiled[key] = _direct_launch(compiled, len(args), self._constexpr_tail(len(args), meta))
             self._kernels[key] = compiled
 
     def cached(self, spec_key: Hashable) -> Callable[..., None] | None:
@@ -105,17 +112,7 @@ class Launcher:
         needs more than a plain driver launch: scratch memory, clusters, cooperative or
         programmatic-dependent launches, tensor descriptors, or a launcher other than CUDA's."""
         compiled = self._kernels.get(_spec_entry(torch._C._cuda_getDevice(), spec_key))
-        if compiled is None:
-            return None
-        run, metadata = compiled.run, compiled.metadata
-        plain = (type(run).__name__ == "CudaLauncher" and getattr(run, "global_scratch_size", 1) == 0
-                 and getattr(run, "profile_scratch_size", 1) == 0 and getattr(metadata, "num_ctas", 1) == 1
-                 and not getattr(run, "launch_cooperative_grid", True) and not getattr(run, "launch_pdl", True))
-        types = tuple(compiled.src.signature.values())
-        if not plain or not all(isinstance(t, str) for t in types):
-            return None
-        num_warps, _, shared = compiled.packed_metadata
-        return KernelLaunch(function=compiled.function, threads=32 * num_warps, shared_bytes=shared, types=types)
+        return None if compiled is None else _plain_launch(compiled)
 
     def _launch_fitting(self, grid: tuple[int, ...], args: Sequence[object], meta: Mapping[str, object]) -> Any:
         """``kernel[grid](...)``, one pipeline stage fewer while the device's shared memory cannot
@@ -157,8 +154,75 @@ def _spec_entry(device: int, spec_key: Hashable) -> tuple:
     return (device, _SPEC, spec_key)
 
 
-def _direct_launch(compiled: Any, constexpr_tail: tuple) -> Callable[..., None]:
-    """``call(grid_x, grid_y, grid_z, stream, args)`` for one compiled kernel.
+def _plain_launch(compiled: Any) -> KernelLaunch | None:
+    """What the driver needs to launch ``compiled``, or None where that launch needs more than a plain
+    driver launch (see ``Launcher.described``)."""
+    run, metadata = compiled.run, compiled.metadata
+    plain = (type(run).__name__ == "CudaLauncher" and getattr(run, "global_scratch_size", 1) == 0
+             and getattr(run, "profile_scratch_size", 1) == 0 and getattr(metadata, "num_ctas", 1) == 1
+             and not getattr(run, "launch_cooperative_grid", True) and not getattr(run, "launch_pdl", True))
+    types = tuple(compiled.src.signature.values())
+    if not plain or not all(isinstance(t, str) for t in types):
+        return None
+    num_warps, _, shared = compiled.packed_metadata
+    return KernelLaunch(function=compiled.function, threads=32 * num_warps, shared_bytes=shared, types=types)
+
+
+def parameter_kinds(types: Sequence[str], num_args: int) -> bytes | None:
+    """``polykernels._C.kernel``'s kinds of a kernel's runtime arguments (its first ``num_args``
+    parameters; Triton's type of each): b'p' an address, b'i' an integer, b'f' fp32, b'd' fp64,
+    b'x' not passed (an integer Triton specialized into the code). None when one has another type
+    (a tensor descriptor, a 16-bit float) or a later parameter is not a constexpr."""
+    if any(kind != "constexpr" for kind in types[num_args:]) or len(types) < num_args:
+        return None
+    codes = []
+    for kind in types[:num_args]:
+        code = ("p" if kind.startswith("*") else "i" if kind in INTEGER_TYPES else "f" if kind == "fp32"
+                else "d" if kind == "fp64" else "x" if kind == "constexpr" else None)
+        if code is None:
+            return None
+        codes.append(code)
+    return "".join(codes).encode()
+
+
+@functools.cache
+def native_launch() -> Any | None:
+    """The extension's ``launch`` (``polykernels._C``), or None: turned off by
+    ``POLYKERNELS_NATIVE_LAUNCH=0``, no GPU backend in the build, or an extension without it."""
+    if os.environ.get("POLYKERNELS_NATIVE_LAUNCH", "1") == "0" or torch.version.cuda is None:
+        return None
+    from polykernels import _extension
+
+    if _extension.unavailable_reason() is not None:
+        return None
+    try:
+        from polykernels import _C
+    except ImportError:
+        return None
+    return _C if _C.has_gpu_launch() else None
+
+
+def _direct_launch(compiled: Any, num_args: int, constexpr_tail: tuple) -> Callable[..., None]:
+    """``call(grid_x, grid_y, grid_z, stream, args)`` for one compiled kernel: the extension's launch
+    where it can take the kernel (``native_direct_launch``), else Triton's (``triton_direct_launch``)."""
+    direct = native_direct_launch(compiled, num_args)
+    return direct if direct is not None else triton_direct_launch(compiled, constexpr_tail)
+
+
+def native_direct_launch(compiled: Any, num_args: int) -> Callable[..., None] | None:
+    """``polykernels._C.launch`` bound to ``compiled``, None where it cannot launch it: a launch that
+    is not plain (``_plain_launch``), a parameter type it does not read, or no native launch. Tensors
+    go as their ``data_ptr()``; the public ops have checked every tensor's device."""
+    native = native_launch()
+    plain = _plain_launch(compiled) if native is not None else None
+    kinds = parameter_kinds(plain.types, num_args) if plain is not None else None
+    if kinds is None:
+        return None
+    return functools.partial(native.launch, native.kernel(plain.function, plain.threads, plain.shared_bytes, kinds))
+
+
+def triton_direct_launch(compiled: Any, constexpr_tail: tuple) -> Callable[..., None]:
+    """``call(grid_x, grid_y, grid_z, stream, args)`` through Triton's own launcher.
 
     On CUDA, when the kernel needs no scratch memory, the call goes straight to the launcher's C
     function (its Python wrapper allocates scratch per call) with tensors passed as their addresses:

@@ -28,10 +28,9 @@ from typing import Any, NamedTuple
 import torch
 
 from polykernels import _extension
-from polykernels._launch import KernelLaunch, Launcher
+from polykernels._launch import INTEGER_TYPES, KernelLaunch, Launcher
 
 _INPUT, _OUTPUT, _CONSTANT, _SCALAR_F32 = 0, 1, 2, 3
-_INTEGER_TYPES = frozenset({"i1", "i8", "i16", "i32", "i64", "u1", "u8", "u16", "u32", "u64"})
 
 
 @dataclass(frozen=True)
@@ -139,7 +138,7 @@ def _parameter(arg: object, kind: str, tensors: Sequence[torch.Tensor | None], o
             if any(arg is t for t in constants):
                 return _CONSTANT, arg.data_ptr(), 0
         return None
-    if kind in _INTEGER_TYPES and type(arg) in (int, bool):
+    if kind in INTEGER_TYPES and type(arg) in (int, bool):
         return _CONSTANT, _as_int64(int(arg)), 0
     if kind == "fp32":
         if isinstance(arg, Scalar):

@@ -173,11 +173,11 @@ def _compiled(run: object) -> SimpleNamespace:
 
 
 def test_the_cuda_launch_passes_tensors_as_addresses_to_the_c_function() -> None:
-    from polykernels._launch import _direct_launch
+    from polykernels._launch import triton_direct_launch
 
     run = CudaLauncher()
     x = torch.arange(4.0)
-    _direct_launch(_compiled(run), (64, True))(3, 1, 1, 77, (x, None, 5, 0.5))
+    triton_direct_launch(_compiled(run), (64, True))(3, 1, 1, 77, (x, None, 5, 0.5))
     assert run.python_calls == []
     assert run.c_calls == [(3, 1, 1, 77, 1234, False, True, None, None, (4, 1, 0), None, None, None,
                             x.data_ptr(), None, 5, 0.5, 64, True)]
@@ -215,9 +215,9 @@ class _OtherLauncher:
 
 @pytest.mark.parametrize("make", [lambda: CudaLauncher(scratch=256), _OtherLauncher], ids=["scratch", "other"])
 def test_any_other_launch_goes_through_the_launchers_own_call(make: Callable[[], object]) -> None:
-    from polykernels._launch import _direct_launch
+    from polykernels._launch import triton_direct_launch
 
     run = make()
     x = torch.arange(4.0)
-    _direct_launch(_compiled(run), (64,))(2, 1, 1, 77, (x, 5))
+    triton_direct_launch(_compiled(run), (64,))(2, 1, 1, 77, (x, 5))
     assert run.python_calls == [(2, 1, 1, 77, 1234, (4, 1, 0), None, None, None, x, 5, 64)]
