@@ -1,15 +1,17 @@
 """Checks every built wheel must pass before it can be gated: manifest, size, device-code
 coverage, the label (what the extension links and carries is what its variant label says),
-undefined symbols limited to torch's stable C ABI and the GPU runtime, the symbol-version proof
-against the GPU runtime it was linked with, and a load test against that runtime."""
+undefined symbols limited to torch's stable C ABI, Python's limited API and the GPU runtime, the
+symbol-version proof against the GPU runtime it was linked with, and a load test against that runtime."""
 
 from __future__ import annotations
 
 import json
 import re
+import shlex
 import sys
+import sysconfig
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +26,11 @@ STABLE_HEADER_DIRS = ("torch/csrc/stable/c", "torch/csrc/inductor/aoti_torch/c")
 STABLE_NAME = re.compile(r"\b((?:aoti_torch|torch)_[A-Za-z0-9_]+)\s*\(")
 # std:: entities (mangled _ZSt..., _ZNSt..., _ZNKSt...): the C++ runtime's, not torch's ABI.
 STD_LIBRARY = re.compile(r"^_Z(N[KRVO]*)?St")
+# The interpreter's C API. The extension's module half (csrc/launch/python_module.cpp) is compiled
+# against Python's limited API of this version (abi3: one wheel for every Python from it on).
+PYTHON_SYMBOL = re.compile(r"^_?Py[A-Z_]")
+PYTHON_LIMITED_API = 0x030A0000
+IDENTIFIER = re.compile(r"\b[A-Za-z_][A-Za-z0-9_]*\b")
 
 
 @dataclass(frozen=True)
@@ -256,14 +263,39 @@ def exported(libraries: list[Path], log: Path, env: Mapping[str, str]) -> set[st
     return names
 
 
-def check_symbols(so: Path, target: Target, torch_sdk: Path, log: Path, env: Mapping[str, str]) -> CheckResult:
-    """Every undefined symbol is a versioned system symbol, a GPU-runtime symbol, or part of torch's
-    stable C ABI; anything else (a mangled c10/at symbol) is an `undefined symbol` waiting for a user."""
+def python_limited_api(log: Path, env: Mapping[str, str], builder_image: str | None = None,
+                       python_tag: str | None = None) -> frozenset[str]:
+    """Every identifier Python.h declares under ``Py_LIMITED_API`` (PYTHON_LIMITED_API): a symbol outside
+    it is not in the stable ABI the abi3 tag promises. Read from the builder image's Python headers
+    (its compiler preprocesses them), or, with no image, from this Python's with the host's ``cc``."""
+    preprocess = ["cc", "-E", "-P", f"-DPy_LIMITED_API={PYTHON_LIMITED_API:#x}", "-x", "c", "-"]
+    if builder_image is not None:
+        python = f"/opt/python/{python_tag}-{python_tag}/bin/python"
+        script = (f"include=$({python} -c 'import sysconfig; print(sysconfig.get_paths()[\"include\"])') && "
+                  f"{shlex.join(preprocess)} -I\"$include\"")
+        argv = ["docker", "run", "--rm", "-i", "--pull=never", builder_image, "sh", "-c", script]
+    else:
+        include = Path(sysconfig.get_paths()["include"])
+        if not (include / "Python.h").is_file():
+            raise CheckError(f"Python.h is not in {include}: the symbol check reads Python's limited API from it",
+                             hint="install the Python headers (Debian: apt-get install python3-dev)")
+        argv = [*preprocess, f"-I{include}"]
+    out = run(argv, log=log, env=env, input_bytes=b"#include <Python.h>\n", stderr_to_log=True,
+              hint="the Python headers could not be preprocessed; see the log")
+    return frozenset(IDENTIFIER.findall(out))
+
+
+def check_symbols(so: Path, target: Target, torch_sdk: Path, log: Path, env: Mapping[str, str],
+                  limited_api: Callable[[], frozenset[str]] | None = None) -> CheckResult:
+    """Every undefined symbol is a versioned system symbol, a GPU-runtime symbol, part of torch's
+    stable C ABI or of Python's limited API; anything else (a mangled c10/at symbol, a CPython
+    internal) is an `undefined symbol` waiting for a user. ``limited_api``: reads Python's limited API
+    (``python_limited_api``; the default reads this Python's headers)."""
     out = run(["nm", "-D", "--undefined-only", str(so)], log=log, env=env)
     surface = stable_surface(torch_sdk)
     cpu_exports = exported(sorted((torch_sdk / "lib").glob("lib*.so")), log, env)
     runtime_prefixes = backends.get(target.backend).runtime_prefixes
-    unstable, stable, unchecked = [], 0, []
+    unstable, stable, unchecked, python = [], 0, [], []
     for line in out.splitlines():
         parts = line.split()
         if len(parts) < 2 or parts[0] in ("w", "v"):
@@ -278,11 +310,18 @@ def check_symbols(so: Path, target: Target, torch_sdk: Path, log: Path, env: Map
             if symbol not in cpu_exports:
                 unchecked.append(symbol)  # GPU-only shim: declared stable, lives in torch's GPU library
             continue
+        if PYTHON_SYMBOL.match(symbol):
+            python.append(symbol)
+            continue
         unstable.append(symbol)
+    if python:
+        limited = limited_api() if limited_api is not None else python_limited_api(log, env)
+        unstable += [symbol for symbol in python if symbol not in limited]
     if unstable:
         return CheckResult("symbols", False, f"{len(unstable)} symbols outside the stable ABI: {unstable[:5]}")
     note = f"; declared stable but only in GPU torch builds: {unchecked}" if unchecked else ""
-    return CheckResult("symbols", True, f"{stable} stable-ABI symbols, all declared in torch's C shim{note}")
+    return CheckResult("symbols", True, f"{stable} stable-ABI symbols, all declared in torch's C shim, and "
+                                        f"{len(python)} of Python's limited API{note}")
 
 
 PROBE = Path(__file__).with_name("probes") / "stable_abi_call.py"
@@ -291,7 +330,8 @@ PROBE = Path(__file__).with_name("probes") / "stable_abi_call.py"
 def check_loads(so: Path, target: Target, builder_image: str, python_tag: str, log: Path,
                 env: Mapping[str, str]) -> CheckResult:
     """In the builder image, with no Python torch: dlopen the extension against the torch SDK and
-    the GPU runtime there, and call its CPU kernel through the stable dispatcher."""
+    the GPU runtime there, call its CPU kernel through the stable dispatcher, and import it as a
+    Python module (the builder's Python): a GPU build's module launches GPU kernels, a CPU build's not."""
     python = f"/opt/python/{python_tag}-{python_tag}/bin/python"
     libraries = "/opt/torch-sdk/torch/lib:/usr/local/cuda/lib:/usr/local/cuda/lib64:/opt/rocm/lib"
     out = run(["docker", "run", "--rm", "--pull=never", "-v", f"{so.parent}:/w:ro", "-v", f"{PROBE}:/probe.py:ro",
@@ -302,9 +342,11 @@ def check_loads(so: Path, target: Target, builder_image: str, python_tag: str, l
     want = backends.get(target.backend).runtime_soname(target.toolkit)
     loaded = sorted({Path(p).name for p in result.get("gpu_runtimes", [])})
     runtime_ok = (want is None and not loaded) or (want is not None and any(n.startswith(want) for n in loaded))
-    ok = bool(result.get("matches_rule")) and runtime_ok
+    module_ok = result.get("gpu_launch") is (target.backend != "cpu")
+    ok = bool(result.get("matches_rule")) and runtime_ok and module_ok
     detail = ("loads with no Python torch" + (f" against {', '.join(loaded)}" if loaded else "")
-              + ", registers polykernels::fake_int4_quant, CPU kernel correct")
+              + ", registers polykernels::fake_int4_quant, CPU kernel correct, imports as a module"
+              + (" with its GPU launch" if target.backend != "cpu" else ""))
     return CheckResult("loads", ok, detail if ok else f"probe said {result}; expected runtime {want or 'none'}")
 
 
@@ -336,7 +378,7 @@ def run_checks(wheel: Wheel, target: Target, builder_image: str, python_tag: str
         check_floor(wheel, log, env),
         check_coverage(found, target),
         check_label(so, found, wheel.manifest, target, log, env),
-        check_symbols(so, target, sdk, log, env),
+        check_symbols(so, target, sdk, log, env, lambda: python_limited_api(log, env, builder_image, python_tag)),
         check_runtime_symbols(so, runtime, target, log, env),
         check_loads(so, target, builder_image, python_tag, log, env),
     ]

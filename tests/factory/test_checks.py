@@ -74,6 +74,23 @@ def test_symbols_gpu_runtime_allowed_only_for_its_backend(tmp_path: Path, torch_
     assert not checks.check_symbols(so, MATRIX.target("cuda13"), torch_sdk, tmp_path / "log", ENV).passed
 
 
+def test_symbols_of_pythons_limited_api_pass(tmp_path: Path, torch_sdk: Path) -> None:
+    # What the extension's module half uses: limited-API calls, and the inline Py_DECREF's _Py_Dealloc.
+    so = build_so(tmp_path, "extern void* PyCapsule_New(void*, const char*, void*);\n"
+                            "extern void _Py_Dealloc(void*);\n"
+                            "void* f(void* p){_Py_Dealloc(p); return PyCapsule_New(p, 0, 0);}")
+    result = checks.check_symbols(so, MATRIX.target("cuda13"), torch_sdk, tmp_path / "log", ENV)
+    assert result.passed and "2 of Python's limited API" in result.detail, result.detail
+
+
+def test_symbols_outside_pythons_limited_api_fail(tmp_path: Path, torch_sdk: Path) -> None:
+    # A CPython internal the limited headers do not declare: it breaks the abi3 promise.
+    so = build_so(tmp_path, "extern void* _PyObject_GetDictPtr(void*);\n"
+                            "void* f(void* p){return _PyObject_GetDictPtr(p);}")
+    result = checks.check_symbols(so, MATRIX.target("cpu"), torch_sdk, tmp_path / "log", ENV)
+    assert not result.passed and "_PyObject_GetDictPtr" in result.detail
+
+
 def test_size_budget(tmp_path: Path) -> None:
     path = tmp_path / "big.whl"
     path.write_bytes(b"0" * (3 * 2**20))

@@ -3,7 +3,9 @@
 Runs inside a builder image (any Python, e.g. Debian sid's for the ROCm build) with the torch SDK's
 libraries on LD_LIBRARY_PATH: dlopen(RTLD_NOW) proves every symbol resolves; the op registered by the
 library's static initializer is then called through `torch_call_dispatcher` on a CPU tensor and its
-result checked against the INT4 rule. Prints one JSON line.
+result checked against the INT4 rule. Then the same library is imported as the Python module it also
+is (its direct launch, Python's limited API: this interpreter may be any Python from 3.10 on), and
+says whether it can launch GPU kernels. Prints one JSON line.
 
     python stable_abi_call.py path/to/_C.abi3.so [lazy]
 
@@ -15,6 +17,7 @@ CPU kernel never calls it.
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import json
 import os
 import sys
@@ -66,8 +69,19 @@ def main(so_path: str, binding: str = "now") -> int:
     want = [max(-7.0, min(7.0, round(ctypes.c_float(v / want_scale).value))) * want_scale for v in values]
     ok = scale == want_scale and all(abs(a - b) <= 1e-6 * max(1.0, abs(b)) for a, b in zip(out, want, strict=True))
     print(json.dumps({"loaded": True, "called": True, "scale": scale, "matches_rule": ok,
-                      "gpu_runtimes": gpu_runtimes()}))
+                      "gpu_launch": module_gpu_launch(so_path, mode), "gpu_runtimes": gpu_runtimes()}))
     return 0 if ok else 1
+
+
+def module_gpu_launch(so_path: str, mode: int) -> bool | str:
+    """The library imported as polykernels._C: whether it launches GPU kernels, or why it did not import."""
+    sys.setdlopenflags(mode)  # the library is loaded already: the import must not bind it more eagerly
+    spec = importlib.util.spec_from_file_location("polykernels._C", so_path)
+    try:
+        module = importlib.util.module_from_spec(spec)
+    except ImportError as error:
+        return f"not importable: {error}"
+    return bool(module.has_gpu_launch())
 
 
 if __name__ == "__main__":
