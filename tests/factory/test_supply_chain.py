@@ -90,7 +90,7 @@ def test_lock_session_and_verb_exist() -> None:
 
 DPKG_OUTPUT = ("g++\t4:12.2.0-3\tii \npython3\t3.11.2-1+b1\tii \nccache\t4.8+really4.7.5-1\tii \n"
                "binutils\t2.40-2\tii \nunzip\t6.0-28\tii \nca-certificates\t20230311\tii \n"
-               "python3-venv\t3.11.2-1+b1\tii \npython3-pip\t23.0.1+dfsg-1\tii \n")
+               "python3-venv\t3.11.2-1+b1\tii \npython3-pip\t23.0.1+dfsg-1\tii \npython3-dev\t3.11.2-1+b1\tii \n")
 
 
 def test_package_names_drop_apt_version_globs() -> None:
