@@ -31,7 +31,7 @@ import torch
 
 class _NoLaunch:
     def __call__(self, grid: tuple[int, ...], args: tuple, meta: dict, *, spec_key: object = None,
-                 tensors: object = None) -> None:
+                 tensors: object = None, device: int | None = None) -> None:
         pass
 
 

@@ -1,7 +1,8 @@
 """Test options: GPU and Docker tests run only where those exist, and say so.
 
 ``--run-gpu``: tests marked ``gpu`` run (a CUDA or ROCm GPU must be present; they fail, not
-skip, if it is not). Without it, Triton kernels are tested in the Triton interpreter on CPU.
+skip, if it is not); those also marked ``two_gpus`` run where torch sees two GPUs. Without it,
+Triton kernels are tested in the Triton interpreter on CPU.
 ``--run-docker``: tests marked ``docker`` run (they start containers; a missing engine fails).
 """
 
@@ -32,6 +33,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="needs a Docker engine: run with --run-docker"))
         if "gpu" not in item.keywords and run_gpu and "cpu_only" in item.keywords:
             item.add_marker(pytest.mark.skip(reason="interpreter-only test; GPU run covers the compiled kernel"))
+        if "two_gpus" in item.keywords and run_gpu and _gpu_count() < 2:
+            item.add_marker(pytest.mark.skip(reason="needs two GPUs: run with --run-gpu where torch sees two"))
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
 
 
 @pytest.fixture

@@ -72,7 +72,8 @@ class Launcher:
         self._interpreted = not isinstance(kernel, JITFunction)
 
     def __call__(self, grid: tuple[int, ...], args: Sequence[object], meta: Mapping[str, object], *,
-                 spec_key: Hashable | None = None, tensors: Callable[[], Sequence[object]] | None = None) -> None:
+                 spec_key: Hashable | None = None, tensors: Callable[[], Sequence[object]] | None = None,
+                 device: int | None = None) -> None:
         """``spec_key``: the caller's own key for everything Triton specializes on in ``args`` and
         ``meta`` (every dtype, integer class, 16-byte alignment and constexpr must be a function of
         it), built from what the caller has at hand; without it the key is derived from every
@@ -81,11 +82,20 @@ class Launcher:
         ``tensors``: for a caller that passes scratch memory as device addresses (ints) in
         ``args``, the same arguments with tensor views in their place. The cached direct launch
         takes addresses; Triton's own launch (a key's first call, the interpreter, launch hooks)
-        needs the tensors. Such a caller must pass ``spec_key``."""
+        needs the tensors. Such a caller must pass ``spec_key``.
+
+        ``device``: the index of the GPU the arguments live on, when it may not be the current one
+        (a model split over GPUs in one process, no ``torch.cuda.set_device``): the kernel is then
+        compiled for and launched on that GPU, under its device guard, not on the current one."""
         if self._interpreted:
             self.kernel[grid](*(tensors() if tensors is not None else args), **meta)
             return
-        device = torch._C._cuda_getDevice()
+        current = torch._C._cuda_getDevice()
+        if device is not None and device != current:
+            with torch.cuda.device(device):
+                self(grid, args, meta, spec_key=spec_key, tensors=tensors)
+            return
+        device = current
         key = _spec_entry(device, spec_key) if spec_key is not None else (device, *meta.values(), _args_key(args))
         direct = self._compiled.get(key)
         if direct is not None and no_launch_hooks():

@@ -52,7 +52,7 @@ class _KeyRecorder:
         self.calls: list[tuple[object, tuple]] = []
 
     def __call__(self, grid: tuple[int, ...], args: tuple, meta: dict, *, spec_key: object = None,
-                 tensors: Callable[[], tuple] | None = None) -> None:
+                 tensors: Callable[[], tuple] | None = None, device: int | None = None) -> None:
         assert spec_key is not None, "every eager launch passes its spec_key"
         # What Triton specializes on: the tensors, where the call passes some as addresses.
         self.calls.append((spec_key, (*meta.values(), _args_key(tensors() if tensors is not None else args))))
@@ -201,6 +201,42 @@ def test_the_direct_launch_of_a_spec_key_is_kept_after_its_first_call(monkeypatc
     assert direct is not None and launcher.cached("other") is None
     direct(2, 1, 1, 77, (8,))
     assert run.c_calls[-1][-1] == 8  # the kept launch goes to the C function with this call's arguments
+
+
+def test_a_launch_for_another_gpu_runs_under_that_gpus_guard(monkeypatch: pytest.MonkeyPatch) -> None:
+    run = CudaLauncher()
+    entered: list[int] = []
+    current = [0]
+
+    class _Guard:
+        def __init__(self, index: int) -> None:
+            self.index, self.before = index, current[0]
+
+        def __enter__(self) -> None:
+            entered.append(self.index)
+            current[0] = self.index
+
+        def __exit__(self, *exc: object) -> None:
+            current[0] = self.before
+
+    class _CompilingKernel:
+        arg_names, constexprs = ["x"], []
+
+        def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., SimpleNamespace]:
+            return lambda *args, **meta: _compiled(run)
+
+    launcher = Launcher(_CompilingKernel())
+    launcher._interpreted = False
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: current[0], raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 100 + device, raising=False)
+    monkeypatch.setattr(torch.cuda, "device", _Guard)
+    launcher((2,), (7,), {"num_stages": 1}, spec_key="spec", device=1)  # compiles under GPU 1's guard
+    launcher((2,), (8,), {"num_stages": 1}, spec_key="spec", device=1)  # the kept launch, GPU 1's stream
+    assert entered == [1, 1] and current == [0]
+    assert [(call[3], call[-1]) for call in run.c_calls] == [(101, 8)]  # launched on GPU 1's stream
+    assert launcher.cached("spec") is None  # kept for GPU 1 only: GPU 0 has compiled nothing for it
+    launcher((2,), (9,), {"num_stages": 1}, spec_key="spec", device=0)  # the current GPU: no guard
+    assert entered == [1, 1] and launcher.cached("spec") is not None
 
 
 class _OtherLauncher:

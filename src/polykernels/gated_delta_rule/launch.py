@@ -247,10 +247,15 @@ def launch_chunk_gated_delta_rule(
     worked out once per class (``_recipe``). ``replay``: the (tensors, flags) of the call's class,
     under which its launches are then registered as a launch program (``polykernels._programs``).
     """
+    device = q.device
+    if device.type == "cuda" and device.index != torch._C._cuda_getDevice():
+        # A model split over GPUs in one process: compile, launch and record on q's GPU, not the current one.
+        with torch.cuda.device(device):
+            return launch_chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                                 cu_seqlens, use_qk_l2norm_in_kernel, num_segments, replay)
     batch, tokens, _, key_dim = q.shape
     value_heads, value_dim = v.shape[2], v.shape[3]
     num_seqs = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else batch
-    device = q.device
     o = torch.empty_like(v)
     final = torch.empty(num_seqs, value_heads, key_dim, value_dim, dtype=torch.float32, device=device)
     if batch * tokens == 0 or num_seqs == 0:

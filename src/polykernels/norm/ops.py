@@ -87,12 +87,14 @@ def _check_weight(weight: object, name: str, dim: int, like: torch.Tensor) -> to
 
 class _Plan(NamedTuple):
     """One launch worked out for a class of call: the grid, the constexprs and options, the
-    integer arguments, and the launcher's spec_key (``_spec_id``)."""
+    integer arguments, the launcher's spec_key (``_spec_id``) and the GPU the tensors live on
+    (part of the class: the launch goes there whatever GPU is current)."""
 
     grid: tuple[int, int]
     meta: dict[str, object]
     ints: tuple[int, ...]
     spec: int
+    device: int
 
 
 # A launcher's spec_key as a small number (hashed on every launch): one per distinct key tuple.
@@ -226,7 +228,8 @@ def _launch_norm(
     rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
     args = (x, y, weight if weight is not None else x, shift, scale, mean, rstd, rows, x.shape[1], x.shape[2],
             *strides, eps)
-    _launchers().norm(grid, args, meta, spec_key=_norm_spec_key(x, weight, shift, scale, strides, exact, stats))
+    _launchers().norm(grid, args, meta, spec_key=_norm_spec_key(x, weight, shift, scale, strides, exact, stats),
+                      device=x.get_device())
     return y, mean, rstd
 
 
@@ -235,14 +238,14 @@ def _norm_plan(x: torch.Tensor, weight: torch.Tensor | None, shift: torch.Tensor
     """The launch of a modulated norm without statistics (what every public call runs)."""
     grid, meta = _norm_meta(x, weight, strides, exact, False)
     return _Plan(grid, meta, (x.shape[0] * x.shape[1], x.shape[1], x.shape[2], *strides),
-                 _spec_id(_norm_spec_key(x, weight, shift, scale, strides, exact, False)))
+                 _spec_id(_norm_spec_key(x, weight, shift, scale, strides, exact, False)), x.get_device())
 
 
 def _run_norm(plan: _Plan, x: torch.Tensor, weight: torch.Tensor | None, shift: torch.Tensor, scale: torch.Tensor,
               eps: float) -> torch.Tensor:
     y = torch.empty_like(x)
     args = (x, y, weight if weight is not None else x, shift, scale, y, y, *plan.ints, eps)
-    _launchers().norm(plan.grid, args, plan.meta, spec_key=plan.spec)
+    _launchers().norm(plan.grid, args, plan.meta, spec_key=plan.spec, device=plan.device)
     return y
 
 
@@ -361,7 +364,7 @@ def _qk_plan(q: torch.Tensor, k: torch.Tensor, weight_q: torch.Tensor, weight_k:
     # The shapes give every integer argument; the outputs are fresh allocations (aligned).
     spec = (q.shape, k.shape, q.dtype, k.dtype, weight_q.dtype, weight_k.dtype, q.data_ptr() & 15,
             k.data_ptr() & 15, weight_q.data_ptr() & 15, weight_k.data_ptr() & 15, only_q)
-    return _Plan(grid, meta, (q_rows, k_rows, head_dim), _spec_id(spec))
+    return _Plan(grid, meta, (q_rows, k_rows, head_dim), _spec_id(spec), q.get_device())
 
 
 def _run_qk(plan: _Plan, q: torch.Tensor, k: torch.Tensor, weight_q: torch.Tensor, weight_k: torch.Tensor,
@@ -369,7 +372,7 @@ def _run_qk(plan: _Plan, q: torch.Tensor, k: torch.Tensor, weight_q: torch.Tenso
     q_out = torch.empty_like(q)
     k_out = q_out if only_q else torch.empty_like(k)
     _launchers().qk(plan.grid, (q, k, weight_q, weight_k, q_out, k_out, *plan.ints, eps), plan.meta,
-                    spec_key=plan.spec)
+                    spec_key=plan.spec, device=plan.device)
     return q_out, k_out
 
 
