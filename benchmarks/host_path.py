@@ -154,9 +154,7 @@ def _native_launch_off() -> Iterator[None]:
 
     def forget() -> None:
         ops.forget_plans()
-        for factory in (launch._launchers, launch._hopper_launcher, launch._hopper_register_launcher,
-                        launch._hopper_prepare_launcher):
-            factory.cache_clear()
+        launch.forget_launchers()
 
     original = _launch.native_launch
     _launch.native_launch = lambda: None

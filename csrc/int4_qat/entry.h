@@ -3,7 +3,6 @@
 // from reaching a kernel with a shape it cannot handle.
 #pragma once
 
-#include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
 #include <algorithm>
 #include <cstdint>

@@ -158,6 +158,13 @@ def _hopper_prepare_launcher() -> object:
     return Launcher(hopper_prepare_kernels.gdn_prepare_hopper_kernel)
 
 
+def forget_launchers() -> None:
+    """Drops every launcher and the kernels and launches each keeps (their choice of launch, Triton's
+    or the extension's, is made once per class of call): the norms' ``forget_plans`` for this op."""
+    for factory in (_launchers, _hopper_launcher, _hopper_register_launcher, _hopper_prepare_launcher):
+        factory.cache_clear()
+
+
 @functools.cache
 def _unused_offsets(device: torch.device) -> torch.Tensor:
     """Stands for the offset tables of packed sequences in launches that do not read them."""
