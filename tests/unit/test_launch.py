@@ -257,3 +257,15 @@ def test_any_other_launch_goes_through_the_launchers_own_call(make: Callable[[],
     x = torch.arange(4.0)
     triton_direct_launch(_compiled(run), (64,))(2, 1, 1, 77, (x, 5))
     assert run.python_calls == [(2, 1, 1, 77, 1234, (4, 1, 0), None, None, None, x, 5, 64)]
+
+
+def test_forget_launchers_drops_every_gated_delta_rule_launcher() -> None:
+    from polykernels.gated_delta_rule import launch
+
+    factories = (launch._launchers, launch._hopper_launcher, launch._hopper_register_launcher,
+                 launch._hopper_prepare_launcher)
+    before = [factory() for factory in factories]
+    assert [factory() for factory in factories] == before  # kept while nothing is forgotten
+    launch.forget_launchers()
+    after = [factory() for factory in factories]
+    assert all(new is not old for new, old in zip(after, before, strict=True))

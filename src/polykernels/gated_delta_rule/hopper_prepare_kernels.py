@@ -20,8 +20,10 @@ inverse's columns instead of the tiles, in fp32 (the Triton kernel rounds the sc
 show up in the products (||k||^2 on k k^T's diagonal, any element of u); only then are the tiles
 read row by row. The outputs leave through a row-major layout in 16-byte stores. The launch caps
 registers at 168 (launch.HOPPER_PREPARE): three programs per SM where the Triton kernel's 255
-registers allowed two. On the H200 at B1 T32768 32/32 the pass takes 549-553 us against the
-Triton kernel's 784 (BENCHMARKS.md, "twelfth set", and the forms before it in the eleventh).
+registers allowed two. Programs run the value heads of a chunk one after another
+(``kernels._chunk_program``), and v's tile is copied at the top beside q's and k's: on the H200 at
+B1 T32768 32/32 the pass takes 456 us, where it took 549-553 with programs in chunk order and v
+copied after the first products (BENCHMARKS.md, "sixteenth set"; the Triton kernel: 748 us).
 
 Offsets: int64 up to each chunk's first element, int32 inside a chunk (as in kernels.py).
 """
@@ -40,7 +42,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from polykernels.gated_delta_rule.hopper_kernels import _copy_layout, _copy_tile, _mma_layout, _smem_layout
 
 # Element-wise and scalar arithmetic only (no layouts made), so the Triton helpers serve Gluon kernels too.
-from polykernels.gated_delta_rule.kernels import CHUNK_INVERSE_LEVELS, _bad, _bad_rows, _chunk_span
+from polykernels.gated_delta_rule.kernels import CHUNK_INVERSE_LEVELS, _bad, _bad_rows, _chunk_program, _chunk_span
 
 _NAN = gl.constexpr(float("nan"))
 # (I + A)^-1 of a 64-row chunk: the factors (I + p0) ... (I + p5), one more than the squarings.
@@ -81,8 +83,7 @@ def gdn_prepare_hopper_kernel(
 ):
     gl.static_assert(K == BK, "the Hopper prepare pass takes whole K rows (K a power of two)")
     gl.static_assert(INVERSE_PRECISION == "bf16", "the Hopper prepare pass rounds the inverse's operands to bf16")
-    i_c = gl.program_id(0).to(gl.int64)
-    i_hv = gl.program_id(1).to(gl.int64)
+    i_c, i_hv = _chunk_program(gl.program_id(0), gl.program_id(1), gl.num_programs(0), HV)
     i_h = i_hv // (HV // H)
     chunk_start, length = _chunk_span(i_c, CU, CHUNK_OFFSETS, T, N, CHUNKS_PER_SEQ, BT, VARLEN, LOG_N)
     if length > 0:
@@ -102,23 +103,27 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
     row_of = chunk_start * HV + i_hv  # the chunk's first (token, value head) row
     qk_base = (chunk_start * H + i_h) * K
 
-    # 48 KiB at K = V = 128 with the stores' layout changes (q's tile is reused for v).
+    # 56 KiB at K = V = 128 with the stores' layout changes: three programs per SM, as the registers allow.
     k_s = gl.allocate_shared_memory(dtype, [BT, BK], _smem_layout(BT, BK))
     q_s = gl.allocate_shared_memory(dtype, [BT, BK], _smem_layout(BT, BK))
+    v_s = gl.allocate_shared_memory(dtype, [BT, BV], _smem_layout(BT, BV))
     power_s = gl.allocate_shared_memory(gl.bfloat16, [BT, BT], _smem_layout(BT, BT))
-    v_s = q_s if BV == BK else gl.allocate_shared_memory(dtype, [BT, BV], _smem_layout(BT, BV))
 
     # q and k go from cp.async straight into the products: their norms, beta and the gates scale the
     # products' rows and columns (and (I + A)^-1's columns) instead of the tiles.
     _copy_tile(k_s, K_ptr + qk_base, 0, length, 0, K, H * K, BT, BK, False, True)
     _copy_tile(q_s, Q_ptr + qk_base, 0, length, 0, K, H * K, BT, BK, False, True)
     async_copy.commit_group()
+    # v's first tile is on its way behind them: issued after the first products (into q's tile), its
+    # copies held up the inverse's first step.
+    _copy_tile(v_s, V_ptr + row_of * V, 0, length, 0, V, HV * V, BT, BV, False, False)
+    async_copy.commit_group()
     r = gl.arange(0, BT, layout=gl.SliceLayout(1, square))
     c = gl.arange(0, BT, layout=gl.SliceLayout(0, square))
     g_c = gl.load(G_ptr + row_of + c * HV, mask=c < length, other=0.0).to(gl.float32)
     g_r = gl.load(G_ptr + row_of + r * HV, mask=r < length, other=0.0).to(gl.float32)
     b_r = gl.load(BETA_ptr + row_of + r * HV, mask=r < length, other=0.0).to(gl.float32)
-    async_copy.wait_group(0)
+    async_copy.wait_group(1)  # q and k (v may still be on its way)
     fence_async_shared()
     gl.thread_barrier()  # every thread's part of the tiles is in
 
@@ -136,9 +141,6 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
     else:
         rq = gl.full([BT], 1.0, gl.float32, layout=gl.SliceLayout(1, square))
     kk, scores = warpgroup_mma_wait(0, deps=(kk, scores))
-    # v's first tile comes into q's (now unread) tile while the inverse runs.
-    _copy_tile(v_s, V_ptr + row_of * V, 0, length, 0, V, HV * V, BT, BV, False, False)
-    async_copy.commit_group()
 
     # The first non-finite row of k, g or beta ends the chunk's valid rows. A non-finite k row has a
     # non-finite ||k||^2 on k k^T's diagonal; only then (or when ||k||^2 overflows) are k's rows read

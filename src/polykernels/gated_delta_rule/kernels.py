@@ -136,6 +136,15 @@ def gdn_plan_kernel(CU, CHUNK_OFFSETS, SEG_OFFSETS, N, SEG_CHUNKS, BT: tl.conste
 
 
 @triton.jit
+def _chunk_program(x, y, X, HV: tl.constexpr):
+    """(chunk, value head) of the prepare program at (x, y) of the grid (chunks, HV) (X: its chunks).
+    Programs in launch order take the value heads of a chunk before the next chunk: those running
+    side by side read neighbouring pieces of the same token rows (q, k, v, g and beta are token-major)."""
+    program = x.to(tl.int64) + y.to(tl.int64) * X
+    return program // HV, program % HV
+
+
+@triton.jit
 def _chunk_span(i_c, CU, CHUNK_OFFSETS, T, N, CHUNKS_PER_SEQ, BT: tl.constexpr, VARLEN: tl.constexpr,
                 LOG_N: tl.constexpr):
     """(first token, valid rows) of chunk i_c; 0 rows past the last chunk of packed sequences."""

@@ -36,6 +36,7 @@ from polykernels.gated_delta_rule.kernels import (
     _bad_rows,
     _chunk_inverse,
     _chunk_keys,
+    _chunk_program,
     _chunk_span,
     _nan,
     _row_rsqrt_norm,
@@ -52,8 +53,7 @@ def gdn_prepare_kernel(
     BV: tl.constexpr, NV: tl.constexpr, L2NORM: tl.constexpr, VARLEN: tl.constexpr, LOG_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INVERSE_PRECISION: tl.constexpr,
 ):
-    i_c = tl.program_id(0).to(tl.int64)
-    i_hv = tl.program_id(1).to(tl.int64)
+    i_c, i_hv = _chunk_program(tl.program_id(0), tl.program_id(1), tl.num_programs(0), HV)
     i_h = i_hv // (HV // H)
     chunk_start, length = _chunk_span(i_c, CU, CHUNK_OFFSETS, T, N, CHUNKS_PER_SEQ, BT, VARLEN, LOG_N)
     if length > 0:
