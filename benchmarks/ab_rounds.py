@@ -1,4 +1,5 @@
-"""python -m benchmarks.ab_rounds BASE [--rounds N] [--case TEXT] [--out DIR]: the working tree against a commit.
+"""python -m benchmarks.ab_rounds BASE [--also LABEL=TREE ...] [--rounds N] [--case TEXT] [--out DIR]: the working
+tree (and other trees) against a commit.
 
 A kernel change lands on an A/B run on the GPU (README, "Changing a kernel"): the tree before it and
 the tree after it, on the same GPU, alternating, two rounds at least. This runs one: BASE (any git
@@ -9,6 +10,10 @@ own process (the first base run saves its outputs, every later run is compared w
 table gives each shape's GPU ms for both trees (lowest and highest over the rounds), the change in
 percent of the base's best, how far the change's outputs moved, and each kernel's best us in both
 trees (torch.profiler): a change that slows one pass shows there. Raw rows go to DIR/rows.jsonl.
+
+``--also LABEL=TREE`` (repeatable) adds a tree to every round, after the working tree: a git revision
+or a folder, as BASE is. Forms of one idea, or two ideas and their sum, then run side by side on the
+same GPU and against the same base outputs, and each gets its own table.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -42,15 +48,15 @@ class ShapeResult:
         return 100.0 * (self.change_ms[0] / self.base_ms[0] - 1.0)
 
 
-def summarize(rows: Sequence[dict]) -> list[ShapeResult]:
-    """Per shape, the GPU ms of the rows labelled ``base-*`` and ``change-*`` (gdn_ab's JSON rows)."""
+def summarize(rows: Sequence[dict], change: str = "change") -> list[ShapeResult]:
+    """Per shape, the GPU ms of the rows labelled ``base-*`` and ``<change>-*`` (gdn_ab's JSON rows)."""
     def of(tree: str) -> list[dict]:
         picked = [row for row in rows if row["label"].rsplit("-", 1)[0] == tree]
         if not picked:
             raise ValueError(f"no rows labelled {tree}-<round> among {[row['label'] for row in rows]}")
         return picked
 
-    base_rows, change_rows = of("base"), of("change")
+    base_rows, change_rows = of("base"), of(change)
     results = []
     for key in (key for key in base_rows[0] if key.endswith(GPU_MS)):
         shape = key.removesuffix(GPU_MS)
@@ -110,15 +116,34 @@ def checkout(revision: str, folder: Path) -> Path:
     return folder / "src"
 
 
-def base_source(base: str, folder: Path) -> Path:
-    """BASE's package folder: a folder holding a tree (with ``src/polykernels``) as it is, else a
-    git revision checked out into ``folder``."""
+def base_source(base: str, folder: Path, name: str = "BASE") -> Path:
+    """The package folder of a tree named on the command line (``name``: BASE, or an ``--also``
+    label): a folder holding a tree (with ``src/polykernels``) as it is, else a git revision checked
+    out into ``folder``."""
     given = Path(base)
     if (given / "src" / "polykernels").is_dir():
         return given.resolve() / "src"
     if given.exists():
-        raise ValueError(f"BASE {base!r} is a folder without src/polykernels: not a tree of this repository")
+        raise ValueError(f"{name} {base!r} is a folder without src/polykernels: not a tree of this repository")
     return checkout(base, folder)
+
+
+_LABEL = re.compile(r"[A-Za-z0-9_.]+")
+
+
+def other_trees(entries: Sequence[str]) -> list[tuple[str, str]]:
+    """``--also`` entries as (label, tree); a label names one tree's rows, so it must be new and plain."""
+    trees: list[tuple[str, str]] = []
+    for entry in entries:
+        label, equals, tree = entry.partition("=")
+        if not equals or not tree:
+            raise ValueError(f"--also takes LABEL=TREE (a git revision or a folder), got {entry!r}")
+        if not _LABEL.fullmatch(label):
+            raise ValueError(f"--also label {label!r} must be letters, digits, '_' or '.'")
+        if label in ("base", "change") or label in (seen for seen, _ in trees):
+            raise ValueError(f"--also label {label!r} is taken: 'base', 'change' and each label name one tree")
+        trees.append((label, tree))
+    return trees
 
 
 def run_tree(label: str, source: Path, outputs: Path, save: bool, cases: Sequence[str]) -> dict:
@@ -139,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ab_rounds", description=__doc__.split("\n\n")[1])
     parser.add_argument("base", help="the git revision the working tree is compared with (e.g. HEAD~1, main), "
                                          "or a folder holding that tree's src/")
+    parser.add_argument("--also", action="append", default=[], metavar="LABEL=TREE",
+                        help="another tree to run in every round (a git revision or a folder), labelled LABEL")
     parser.add_argument("--rounds", type=int, default=2, help="base/change pairs, alternating (default 2)")
     parser.add_argument("--case", action="append", default=[], help="only the shapes whose name contains this text")
     parser.add_argument("--out", type=Path, default=REPOSITORY / "build" / "ab")
@@ -149,21 +176,25 @@ def main(argv: list[str] | None = None) -> int:
     args.out = args.out.resolve()  # git and the runs work from the repository's root
     args.out.mkdir(parents=True, exist_ok=True)
     try:
-        base = base_source(args.base, args.out / "base-tree")
+        also = other_trees(args.also)
+        trees = [("base", base_source(args.base, args.out / "base-tree")), ("change", REPOSITORY / "src")]
+        trees += [(label, base_source(tree, args.out / f"{label}-tree", f"--also {label}")) for label, tree in also]
     except ValueError as error:
         parser.error(str(error))
     rows = []
     with (args.out / "rows.jsonl").open("w") as raw:
         for round_number in range(1, args.rounds + 1):
-            for tree, source in (("base", base), ("change", REPOSITORY / "src")):
+            for tree, source in trees:
                 save = tree == "base" and round_number == 1
                 row = run_tree(f"{tree}-{round_number}", source, args.out / "outputs", save, args.case)
                 rows.append(row)
                 raw.write(json.dumps(row) + "\n")
                 raw.flush()
                 print(f"{row['label']}: {row['seconds']} s", file=sys.stderr, flush=True)
-    print(f"base {args.base} against the working tree, {args.rounds} rounds on {rows[0]['device']}:")
-    print(table(summarize(rows)))
+    for label, _ in trees[1:]:
+        name = "the working tree" if label == "change" else f"{label} ({dict(also)[label]})"
+        print(f"base {args.base} against {name}, {args.rounds} rounds on {rows[0]['device']}:")
+        print(table(summarize(rows, label)))
     return 0
 
 

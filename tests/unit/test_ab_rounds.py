@@ -70,3 +70,32 @@ def test_a_folder_that_is_not_a_tree_is_refused(tmp_path, capsys: pytest.Capture
     with pytest.raises(SystemExit):
         main([str(tmp_path), "--out", str(tmp_path / "out")])
     assert "without src/polykernels" in capsys.readouterr().err
+
+
+def test_another_tree_is_summarized_by_its_label() -> None:
+    rows = [_row("base-1", 1.0), _row("change-1", 0.9), _row("order.v2-1", 0.8), _row("base-2", 1.0),
+            _row("change-2", 0.95), _row("order.v2-2", 0.85)]
+    (result, _) = summarize(rows, "order.v2")
+    assert result.change_ms == (0.8, 0.85)
+    assert result.change_percent == pytest.approx(-20.0)
+    (working_tree, _) = summarize(rows)
+    assert working_tree.change_ms == (0.9, 0.95)
+
+
+def test_other_trees_take_a_new_plain_label_and_a_tree() -> None:
+    from benchmarks.ab_rounds import other_trees
+
+    assert other_trees(["order=var-d", "both.v2=build/both"]) == [("order", "var-d"), ("both.v2", "build/both")]
+    for entry, complaint in (("var-d", "LABEL=TREE"), ("order=", "LABEL=TREE"), ("a-b=HEAD", "letters, digits"),
+                             ("base=HEAD", "is taken"), ("change=HEAD", "is taken")):
+        with pytest.raises(ValueError, match=complaint):
+            other_trees([entry])
+    with pytest.raises(ValueError, match="'order' is taken"):
+        other_trees(["order=HEAD", "order=HEAD~1"])
+
+
+def test_a_bad_other_tree_is_refused_before_any_run(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "tree" / "src" / "polykernels").mkdir(parents=True)
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "tree"), "--also", f"x={tmp_path}", "--out", str(tmp_path / "out")])
+    assert "--also x" in capsys.readouterr().err and not (tmp_path / "out" / "rows.jsonl").exists()
