@@ -1,15 +1,17 @@
-"""python -m benchmarks.stall_report SOURCE.csv [--top N]: where a kernel's warps wait, from ncu.
+"""python -m benchmarks.stall_report SOURCE.csv [--top N] [--context N]: where a kernel's warps wait, from ncu.
 
 Profile before tuning: Nsight Compute samples each warp's stall reason per instruction. Export
 its source page as CSV and this prints, per kernel, the share of every stall reason and the
 instructions with the most samples (with the reason that dominates each). Reading the SASS
-around the top instruction names the load or product the kernel waits on. For the gated delta
+around the top instruction names the load or product the kernel waits on: ``--context N``
+prints the N instructions before each (a load stalled on the long scoreboard right after a
+burst of ``LDGSTS`` copies waits on those copies, not on its own data). For the gated delta
 rule at the bench's largest 32-head shape:
 
     ncu --clock-control none -k regex:gdn_ --launch-skip 2 --launch-count 2 --set full \\
         --import-source yes -o gdn python -m benchmarks.profile_target gdn 1 32768 32 32
     ncu --import gdn.ncu-rep --page source --csv --print-source sass > gdn_source.csv
-    python -m benchmarks.stall_report gdn_source.csv
+    python -m benchmarks.stall_report gdn_source.csv --context 8
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class KernelStalls:
     kernel: str
     reasons: dict[str, float]  # stall reason -> share of all samples, largest first
     hottest: list[tuple[int, str, str]]  # (samples, dominant reason, instruction), most samples first
+    before: list[tuple[str, ...]]  # the instructions just before each of ``hottest`` (``context`` of them)
 
 
 def _int(text: str) -> int:
@@ -38,8 +41,9 @@ def _int(text: str) -> int:
         return 0
 
 
-def parse(rows: Iterable[list[str]], top: int = 10) -> list[KernelStalls]:
-    """Per kernel of an ncu source-page CSV export: stall shares and the hottest instructions."""
+def parse(rows: Iterable[list[str]], top: int = 10, context: int = 0) -> list[KernelStalls]:
+    """Per kernel of an ncu source-page CSV export: stall shares, the hottest instructions and the
+    ``context`` instructions before each (the export lists a kernel's SASS in program order)."""
     sections: list[tuple[str, list[list[str]]]] = []
     for row in rows:
         if row and row[0] == "Kernel Name":
@@ -59,10 +63,12 @@ def parse(rows: Iterable[list[str]], top: int = 10) -> list[KernelStalls]:
             for reason in reasons:
                 totals[reason] += _int(line[column[reason]])
         samples = sum(totals.values()) or 1
-        ranked = sorted(lines, key=lambda line: -_int(line[column[_SAMPLES]]))[:top]
-        hottest = [(_int(line[column[_SAMPLES]]), max(reasons, key=lambda r: _int(line[column[r]])),
-                    line[column["Source"]].strip()) for line in ranked]
-        found.append(KernelStalls(kernel, {r: v / samples for r, v in totals.most_common() if v}, hottest))
+        ranked = sorted(range(len(lines)), key=lambda i: -_int(lines[i][column[_SAMPLES]]))[:top]
+        hottest = [(_int(lines[i][column[_SAMPLES]]), max(reasons, key=lambda r: _int(lines[i][column[r]])),
+                    lines[i][column["Source"]].strip()) for i in ranked]
+        before = [tuple(line[column["Source"]].strip() for line in lines[max(0, i - context):i]) if context else ()
+                  for i in ranked]
+        found.append(KernelStalls(kernel, {r: v / samples for r, v in totals.most_common() if v}, hottest, before))
     return found
 
 
@@ -71,14 +77,19 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("source_csv", type=Path, help="ncu --page source --csv --print-source sass output")
     parser.add_argument("--top", type=int, default=15, help="instructions to list per kernel")
+    parser.add_argument("--context", type=int, default=0, help="instructions to show before each listed one")
     args = parser.parse_args(argv)
+    if args.top < 1 or args.context < 0:
+        parser.error(f"--top must be at least 1 and --context at least 0, got {args.top} and {args.context}")
     with args.source_csv.open(newline="") as handle:
-        report = parse(csv.reader(handle), args.top)
+        report = parse(csv.reader(handle), args.top, args.context)
     for kernel in report:
         print(f"== {kernel.kernel}")
         for reason, share in list(kernel.reasons.items())[:10]:
             print(f"  {reason:24} {100 * share:5.1f}%")
-        for samples, reason, source in kernel.hottest:
+        for (samples, reason, source), before in zip(kernel.hottest, kernel.before, strict=True):
+            for earlier in before:
+                print(f"  {'':8}  {'':16} | {earlier[:98]}")
             print(f"  {samples:8d}  {reason:16} {source[:100]}")
 
 

@@ -32,6 +32,25 @@ def test_shares_and_hottest_instructions_per_kernel() -> None:
                                (15, "stall_barrier", "WARPGROUP.DEPBAR.LE gsb0, 0x0")]
     assert recurrence.reasons == {"stall_wait": 1.0}
     assert recurrence.hottest[0][0] == 1000
+    assert prepare.before == [(), ()]  # no context asked for
+
+
+def test_context_lists_the_instructions_before_each_hottest_one() -> None:
+    text = "\n".join([
+        '"Kernel Name","gdn_prepare_kernel",', _HEADER,
+        '"0x10","LDGSTS.E.BYPASS.128 [R114], desc[UR48][R4.64], !P6","1","0","1","0","0"',
+        '"0x20","LDGSTS.E.BYPASS.128 [R114+0x400], desc[UR48][R6.64], !P5","1","0","1","0","0"',
+        '"0x30","@!P0 LDG.E R117, desc[UR48][R6.64]","90","0","90","0","0"',
+        '"0x40","FMUL R4, R4, R1","3","0","3","0","0"',
+    ])
+    (prepare,) = parse(_rows(text), top=2, context=2)
+    assert prepare.hottest[0][2] == "@!P0 LDG.E R117, desc[UR48][R6.64]"
+    assert prepare.before[0] == ("LDGSTS.E.BYPASS.128 [R114], desc[UR48][R4.64], !P6",
+                                 "LDGSTS.E.BYPASS.128 [R114+0x400], desc[UR48][R6.64], !P5")
+    assert prepare.before[1] == ("LDGSTS.E.BYPASS.128 [R114+0x400], desc[UR48][R6.64], !P5",
+                                 "@!P0 LDG.E R117, desc[UR48][R6.64]")
+    (first_line,) = parse(_rows(text), top=1, context=5)[0].before[:1]
+    assert len(first_line) == 2  # the kernel's first instructions have fewer before them
 
 
 def test_an_export_without_stall_samples_says_how_to_take_one() -> None:
