@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                                          "or a folder holding that tree's src/")
     parser.add_argument("--also", action="append", default=[], metavar="LABEL=TREE",
                         help="another tree to run in every round (a git revision or a folder), labelled LABEL")
-    parser.add_argument("--rounds", type=int, default=2, help="base/change pairs, alternating (default 2)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of every tree, base first (default 2)")
     parser.add_argument("--case", action="append", default=[], help="only the shapes whose name contains this text")
     parser.add_argument("--out", type=Path, default=REPOSITORY / "build" / "ab")
     args = parser.parse_args(argv)
