@@ -28,17 +28,17 @@ from polykernels.gated_delta_rule.kernels import _segment
 
 
 @gluon.constexpr_function
-def _mma_layout(block_v):
-    # One warpgroup; M = 64 (a chunk) or BK (the state) rows in 16-row steps, N = the V tile.
-    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, block_v, 16])
+def _mma_layout(block_v, warps=4):
+    # One warpgroup per 64 rows; M = 64 (a chunk) or BK (the state) rows in 16-row steps, N = the V tile.
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1], instr_shape=[16, block_v, 16])
 
 
 @gluon.constexpr_function
-def _copy_layout(cols):
+def _copy_layout(cols, warps=4):
     # 16-byte cp.async per thread (8 16-bit elements), a warp spanning whole rows.
     per_row = cols // 8
     return gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // per_row, per_row],
-                            warps_per_cta=[4, 1], order=[1, 0])
+                            warps_per_cta=[warps, 1], order=[1, 0])
 
 
 @gluon.constexpr_function
@@ -51,7 +51,7 @@ def _copy_tile(smem, base, chunk_start, end, col0, col_limit, ROW_STRIDE: gl.con
                COLS: gl.constexpr, ROWS_IN: gl.constexpr, COLS_IN: gl.constexpr):
     """cp.async of one chunk's ROWS x COLS tile (rows past ``end`` and columns past ``col_limit`` read 0).
     ROWS_IN / COLS_IN: every row / column is known to be inside, so no mask is formed for them."""
-    layout: gl.constexpr = _copy_layout(COLS)
+    layout: gl.constexpr = _copy_layout(COLS, gl.num_warps())
     rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
     cols = col0 + gl.arange(0, COLS, layout=gl.SliceLayout(0, layout))
     pointers = base + rows[:, None] * ROW_STRIDE + cols[None, :]

@@ -11,10 +11,14 @@ registers (as FlashAttention 3 keeps P):
 
 so neither the state nor v_new goes through shared memory (and no fence and barrier) between
 one product and the next; the accumulator of one product becomes the next's left operand in
-place. wgmma's 64-row products make BV = 64: one warpgroup per program. It runs uncut sequences
-(launch._recipe): on the H200 a chunk of 64 columns takes it about 1.3x what the shared-state
-pass takes for 32, and beside the segment passes it was the slower one (BENCHMARKS.md,
-"thirteenth set").
+place. wgmma's 64-row products make BV = 64 per warpgroup: a program of one warpgroup holds one
+64-column tile, one of two warpgroups (8 warps, BV = 128) two neighbouring tiles, each warpgroup
+the state of its own 64 rows of h^T, and each chunk's q, k, w and P tiles are copied once for both
+(launch.HOPPER_REGISTER_PAIRS, where the pairs still fill every SM: at B8 T4096 32/32 on the H200
+the one-warpgroup pass had L2 at 96% of its peak, and the pairs took it from 408 to 373 us,
+BENCHMARKS.md "seventeenth set"). It runs uncut sequences (launch._recipe): on the H200 a chunk
+of 64 columns takes it about 1.3x what the shared-state pass takes for 32, and beside the segment
+passes it was the slower one ("thirteenth set").
 
 Offsets: int64 up to each chunk's first element, int32 inside a chunk (as in kernels.py).
 """
@@ -37,11 +41,16 @@ from polykernels.gated_delta_rule.kernels import _segment
 
 
 @gluon.constexpr_function
-def _transposed_store_layout(block_v):
+def _transposed_store_layout(block_v, warps):
     # o^T tiles leave as o rows: each thread 8 consecutive value columns (16 bytes) of one token.
     per_col = block_v // 8
-    return gl.BlockedLayout(size_per_thread=[8, 1], threads_per_warp=[per_col, 32 // per_col], warps_per_cta=[1, 4],
-                            order=[0, 1])
+    return gl.BlockedLayout(size_per_thread=[8, 1], threads_per_warp=[per_col, 32 // per_col],
+                            warps_per_cta=[1, warps], order=[0, 1])
+
+
+@gluon.constexpr_function
+def _vector_layout(warps):
+    return gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[warps], order=[0])
 
 
 @gluon.jit
@@ -52,8 +61,7 @@ def _copy_chunk_t(chunk_start, end, stage, i_h, i_hv, col0, Q_ptr, K_ptr, W_ptr,
     group. Transposed, a scale vector costs 16 registers per thread: they wait in shared memory."""
     _copy_chunk_tiles(chunk_start, end, stage, i_h, i_hv, col0, V, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr,
                       w_s, k_s, q_s, p_s, u_s, H, HV, K, V, BT, BK, BV, True, False, U_COLS_IN)
-    layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[4],
-                                            order=[0])
+    layout: gl.constexpr = _vector_layout(gl.num_warps())
     i = gl.arange(0, 2 * BT, layout=layout)
     token = i % BT
     offsets = (chunk_start * HV + i_hv) + token * HV
@@ -66,7 +74,7 @@ def _copy_chunk_t(chunk_start, end, stage, i_h, i_hv, col0, Q_ptr, K_ptr, W_ptr,
 def _store_output_t(O_ptr, out_s, chunk_start, end, i_hv, col0, HV: gl.constexpr, V: gl.constexpr,
                     BT: gl.constexpr, BV: gl.constexpr):
     """The chunk's o^T tile, waiting in shared memory, stored as o's rows: 16 bytes per thread."""
-    layout: gl.constexpr = _transposed_store_layout(BV)
+    layout: gl.constexpr = _transposed_store_layout(BV, gl.num_warps())
     cols = col0 + gl.arange(0, BV, layout=gl.SliceLayout(1, layout))
     tokens = gl.arange(0, BT, layout=gl.SliceLayout(0, layout))
     tile = (chunk_start * HV + i_hv) * V + tokens[None, :] * (HV * V) + cols[:, None]
@@ -84,11 +92,12 @@ def gdn_recurrence_hopper_rs_kernel(
     STAGES: gl.constexpr,
 ):
     gl.static_assert(K == BK, "the Hopper pass takes whole K rows (K a power of two)")
-    gl.static_assert(BV == 64, "the state's rows are one warpgroup's 64-row products")
+    WARPS: gl.constexpr = gl.num_warps()
+    gl.static_assert(BV == 16 * WARPS, "the state's rows are 64-row products, one warpgroup each")
     # Uncut sequences only (launch._recipe): beside the segment passes the shared-state pass was faster.
     gl.static_assert(not SEGMENT_STATE, "the segment-state pass is hopper_kernels'")
-    state_l: gl.constexpr = _mma_layout(BK)  # h^T: BV x K
-    chunk_l: gl.constexpr = _mma_layout(BT)  # v_new^T, o^T: BV x BT
+    state_l: gl.constexpr = _mma_layout(BK, WARPS)  # h^T: BV x K
+    chunk_l: gl.constexpr = _mma_layout(BT, WARPS)  # v_new^T, o^T: BV x BT
     # Left operands from registers: an accumulator's registers are already the operand's.
     state_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=chunk_l, k_width=2)
     update_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=state_l, k_width=2)

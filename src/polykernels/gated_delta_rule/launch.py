@@ -46,13 +46,15 @@ class SegmentPlan:
 
     segments: int  # per sequence of average length
     segment_chunks: int  # chunks per segment
-    block_v: int  # V columns per sequential program
+    block_v: int  # V columns per sequential program (per warpgroup where ``warpgroups`` is 2)
     reason: str
+    warpgroups: int = 1  # 2: the register-state pass takes two neighbouring V tiles per program
 
 
 def plan_segments(
     num_seqs: int, total_tokens: int, value_heads: int, sm_count: int, num_segments: int | None = None,
     *, key_dim: int = 128, value_dim: int = 128, register_tiles: Collection[int] = (),
+    register_pairs: Collection[int] = (),
 ) -> SegmentPlan:
     """The V tile and the segments per sequence, from (N, HV, T, K, V, SMs).
 
@@ -65,7 +67,9 @@ def plan_segments(
     ``register_tiles``: the V tiles at which the device runs the sequential pass with the state in
     registers (sm_90, ``hopper_register_kernels``), which takes each chunk of 64 columns in about
     1.3x the time the narrow pass takes for 32: wide tiles then whenever narrow ones would need
-    more waves of programs (BENCHMARKS.md, "thirteenth set").
+    more waves of programs (BENCHMARKS.md, "thirteenth set"). ``register_pairs``: the V tiles at which
+    that pass can also take two neighbouring tiles per program (two warpgroups, each chunk's tiles
+    copied once for both), done for uncut sequences where the pairs still fill every SM.
     """
     chunks = max(1, -(-total_tokens // num_seqs // CHUNK))
     wide, narrow = RECURRENCE_BLOCK_V[_block(key_dim)]
@@ -91,7 +95,15 @@ def plan_segments(
         why += (f"; {wide}-column V tiles: {wide_waves} wave(s) of register-state programs where {narrow}-column "
                 f"ones take {narrow_waves}")
     segments = max(1, min(segments, chunks))
-    return SegmentPlan(segments=segments, segment_chunks=-(-chunks // segments), block_v=block_v, reason=why)
+    pairs = num_seqs * value_heads * -(-value_dim // (2 * block_v))
+    warpgroups = 1
+    if (segments == 1 and block_v in register_tiles and block_v in register_pairs and value_dim > block_v
+            and pairs >= sm_count):
+        warpgroups = 2
+        why += (f"; two {block_v}-column tiles per register-state program: {pairs} programs, each chunk's tiles "
+                "copied once for both")
+    return SegmentPlan(segments=segments, segment_chunks=-(-chunks // segments), block_v=block_v, reason=why,
+                       warpgroups=warpgroups)
 
 
 # Gluon is Triton's experimental layer: its API changes between releases. The Gluon kernels run
@@ -207,6 +219,11 @@ HOPPER_STAGES: Mapping[int, int] = types.MappingProxyType({32: 3, 64: 2})
 # so its V tile is wgmma's 64 rows): cp.async stages per V tile. A V tile in this table runs it
 # instead of hopper_kernels' pass.
 HOPPER_REGISTER_STAGES: Mapping[int, int] = types.MappingProxyType({64: 3})
+# The same pass with two warpgroups per program, each holding one of two neighbouring V tiles' state:
+# the chunk's q, k, w and P tiles are copied once for both (at B8 T4096 32/32 the one-warpgroup pass
+# had L2 at 96% of its peak, ncu). Per V tile of HOPPER_REGISTER_STAGES: the stages the pair fits in
+# shared memory. Taken where the pairs still fill every SM (plan_segments).
+HOPPER_REGISTER_PAIRS: Mapping[int, int] = types.MappingProxyType({64: 2})
 # The prepare pass on sm_90 (hopper_prepare_kernels; the inputs hopper_pass takes): per K, its register
 # cap (Triton's maxnreg; None: uncapped). At K = 128, 168 registers (24 bytes spilled) give three
 # programs per SM where 255 would give two (the kernel's first form took 1055 us uncapped and 968 capped
@@ -276,7 +293,8 @@ def launch_chunk_gated_delta_rule(
                      platform.current(), RECURRENCE_BLOCK_V[block_k],
                      RECURRENCE_LAUNCH[block_k], PREPARE_LAUNCH[max(block_k, PREPARE_MIN_BLOCK)],
                      tuple(HOPPER_STAGES.items()), tuple(HOPPER_PREPARE.items()),
-                     tuple(HOPPER_REGISTER_STAGES.items()), tuple(COMBINE_LAUNCH.items()))
+                     tuple(HOPPER_REGISTER_STAGES.items()), tuple(HOPPER_REGISTER_PAIRS.items()),
+                     tuple(COMBINE_LAUNCH.items()))
     run = _launchers()
     cu = cu_seqlens if cu_seqlens is not None else _unused_offsets(device)
     initial = initial_state.float().contiguous() if initial_state is not None else final
@@ -383,16 +401,17 @@ def _recipe(
     seen: platform.Platform, block_vs: tuple[int, int], launch: tuple[int, int],
     prepare_launch: tuple[int, int], hopper_stages: tuple[tuple[int, int], ...],
     hopper_prepare: tuple[tuple[int, int | None], ...], hopper_register_stages: tuple[tuple[int, int], ...],
-    combine_launch: tuple[tuple[str, int], ...],
+    hopper_register_pairs: tuple[tuple[int, int], ...], combine_launch: tuple[tuple[str, int], ...],
 ) -> _Recipe:
     batch, tokens, heads, key_dim = q_shape
     value_heads, value_dim = v_shape[2], v_shape[3]
     varlen, total = cu_dtype is not None, batch * tokens
     on_hopper = hopper_pass(seen, dtype, key_dim)
     plan = plan_segments(num_seqs, total, value_heads, platform.sm_count(device), num_segments, key_dim=key_dim,
-                         value_dim=value_dim, register_tiles=dict(hopper_register_stages) if on_hopper else ())
+                         value_dim=value_dim, register_tiles=dict(hopper_register_stages) if on_hopper else (),
+                         register_pairs=dict(hopper_register_pairs) if on_hopper else ())
     segment_chunks = plan.segment_chunks if plan.segments > 1 else 0
-    block_k, block_v = _block(key_dim), plan.block_v
+    block_k, block_v = _block(key_dim), plan.block_v * plan.warpgroups
     precision = guards.dot_precision(fp32_inputs=dtype == torch.float32)
     chunks_per_seq = -(-tokens // CHUNK)
     max_chunks = -(-total // CHUNK) + num_seqs if varlen else num_seqs * chunks_per_seq
@@ -418,12 +437,13 @@ def _recipe(
     recurrence_tail = {"num_warps": num_warps, "num_stages": num_stages}
     # The register-state pass where the plan cut nothing: beside the segment passes it measured 1-4%
     # slower than the shared-state pass at the wide tile (BENCHMARKS.md, "thirteenth set").
-    register_stages = dict(hopper_register_stages).get(block_v) if not segment_chunks else None
+    register_stages = (None if segment_chunks else dict(hopper_register_pairs).get(plan.block_v)
+                       if plan.warpgroups == 2 else dict(hopper_register_stages).get(block_v))
     stages = register_stages or dict(hopper_stages).get(block_v)
     hopper = stages is not None and on_hopper
     hopper_registers = hopper and register_stages is not None
     if hopper:
-        recurrence_tail = {"STAGES": stages, "num_warps": 4}
+        recurrence_tail = {"STAGES": stages, "num_warps": 4 * plan.warpgroups}
     prepare_tail = {"num_warps": prep_warps, "num_stages": 1}
     caps = dict(hopper_prepare)
     gluon_prepare = key_dim in caps and on_hopper
@@ -432,7 +452,7 @@ def _recipe(
     return _Recipe(
         spec=(q_shape, v_shape, dtype, cu_dtype, num_seqs, has_initial, output_final_state, l2norm, num_segments,
               device, seen, block_vs, launch, prepare_launch, hopper_stages, hopper_prepare, hopper_register_stages,
-              combine_launch),
+              hopper_register_pairs, combine_launch),
         chunks_per_seq=chunks_per_seq, segment_chunks=segment_chunks,
         segments_per_seq=segments_per_seq, max_segments=max_segments, segment_tokens=segment_tokens,
         plan_meta={"BT": CHUNK, "BLOCK": 1024, "num_warps": 4, "num_stages": 1},

@@ -14,6 +14,7 @@ from polykernels.gated_delta_rule.guards import dot_precision, prepare_precision
 from polykernels.gated_delta_rule.launch import (
     COMBINE_LAUNCH,
     HOPPER_PREPARE,
+    HOPPER_REGISTER_PAIRS,
     HOPPER_REGISTER_STAGES,
     HOPPER_STAGES,
     PREPARE_LAUNCH,
@@ -145,12 +146,15 @@ register(KernelSpec(
 ))
 # The Gluon sequential pass with the state in registers (sm_90 only), at its one V tile (64 columns);
 # uncut sequences only (launch._recipe), so no segment-state form.
-register(KernelSpec(
-    name="gdn_recurrence_hopper_rs", module="polykernels.gated_delta_rule.hopper_register_kernels",
-    function="gdn_recurrence_hopper_rs_kernel", signature={**_RECURRENCE_SIGNATURE, "STAGES": "constexpr"},
-    constexprs={**_SHAPE, "V": 128, "BV": _WIDE_BV, "NV": 128 // _WIDE_BV, "VARLEN": True, "LOG_N": 4,
-                "HAS_INITIAL": True, "SEGMENT_STATE": False, "STORE_FINAL": True,
-                "STAGES": HOPPER_REGISTER_STAGES[_WIDE_BV]},
-    allowed=_on_hopper, platform_constexprs=_precision,
-    options={"num_warps": 4},
-))
+# Also its two-warpgroup form (two neighbouring V tiles per program).
+for _name, _warpgroups, _stages in (("gdn_recurrence_hopper_rs", 1, HOPPER_REGISTER_STAGES[_WIDE_BV]),
+                                    ("gdn_recurrence_hopper_rs_pair", 2, HOPPER_REGISTER_PAIRS[_WIDE_BV])):
+    register(KernelSpec(
+        name=_name, module="polykernels.gated_delta_rule.hopper_register_kernels",
+        function="gdn_recurrence_hopper_rs_kernel", signature={**_RECURRENCE_SIGNATURE, "STAGES": "constexpr"},
+        constexprs={**_SHAPE, "V": 128, "BV": _warpgroups * _WIDE_BV, "NV": 128 // (_warpgroups * _WIDE_BV),
+                    "VARLEN": True, "LOG_N": 4, "HAS_INITIAL": True, "SEGMENT_STATE": False, "STORE_FINAL": True,
+                    "STAGES": _stages},
+        allowed=_on_hopper, platform_constexprs=_precision,
+        options={"num_warps": 4 * _warpgroups},
+    ))

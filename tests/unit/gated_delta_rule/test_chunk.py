@@ -206,11 +206,46 @@ def test_register_state_pass_runs_uncut_wide_tiles_on_sm90(monkeypatch: pytest.M
         True, False, num_segments, torch.device("cpu"), seen, launch.RECURRENCE_BLOCK_V[128],
         launch.RECURRENCE_LAUNCH[128], launch.PREPARE_LAUNCH[128], tuple(launch.HOPPER_STAGES.items()),
         tuple(launch.HOPPER_PREPARE.items()), tuple(launch.HOPPER_REGISTER_STAGES.items()),
-        tuple(launch.COMBINE_LAUNCH.items()))
+        tuple(launch.HOPPER_REGISTER_PAIRS.items()), tuple(launch.COMBINE_LAUNCH.items()))
     assert recipe.hopper and recipe.hopper_registers is registers
     assert recipe.recurrence_meta["BV"] == (64 if registers or num_segments else 32)
     assert recipe.recurrence_meta["STAGES"] == (launch.HOPPER_REGISTER_STAGES[64] if registers
                                                 else launch.HOPPER_STAGES[recipe.recurrence_meta["BV"]])
+    assert recipe.recurrence_meta["num_warps"] == 4
+
+
+def test_register_state_pass_pairs_tiles_where_the_pairs_fill_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    # B8 T4096 32/32: 256 programs of two 64-column tiles (two warpgroups, 8 warps) still fill 132 SMs.
+    from polykernels import platform
+    from polykernels.gated_delta_rule import launch
+    from polykernels.platform import Platform
+
+    monkeypatch.setattr(launch, "_triton_release", lambda: "3.6")
+    monkeypatch.setattr(platform, "sm_count", lambda device: 132)
+    seen = Platform(backend="cuda", arch="sm_90", device_name=None, warp_size=32, runtime_version=None)
+    recipe = launch._recipe(
+        torch.Size([8, 4096, 32, 128]), torch.Size([8, 4096, 32, 128]), torch.bfloat16, None, 8, False,
+        True, False, None, torch.device("cpu"), seen, launch.RECURRENCE_BLOCK_V[128],
+        launch.RECURRENCE_LAUNCH[128], launch.PREPARE_LAUNCH[128], tuple(launch.HOPPER_STAGES.items()),
+        tuple(launch.HOPPER_PREPARE.items()), tuple(launch.HOPPER_REGISTER_STAGES.items()),
+        tuple(launch.HOPPER_REGISTER_PAIRS.items()), tuple(launch.COMBINE_LAUNCH.items()))
+    assert recipe.hopper_registers and recipe.recurrence_grid == (1, 8, 32)
+    assert (recipe.recurrence_meta["BV"], recipe.recurrence_meta["num_warps"]) == (128, 8)
+    assert recipe.recurrence_meta["STAGES"] == launch.HOPPER_REGISTER_PAIRS[64]
+
+
+def test_segment_plan_pairs_register_tiles_only_where_the_pairs_fill_the_gpu() -> None:
+    from polykernels.gated_delta_rule.launch import plan_segments
+
+    both = {"register_tiles": (64,), "register_pairs": (64,)}
+    paired = plan_segments(8, 8 * 4096, 32, 132, **both)
+    assert (paired.block_v, paired.segments, paired.warpgroups) == (64, 1, 2)
+    assert "two 64-column tiles per register-state program: 256 programs" in paired.reason
+    assert plan_segments(8, 8 * 4096, 32, 132, register_tiles=(64,)).warpgroups == 1  # no pair form
+    assert plan_segments(1, 8192, 64, 132, **both).warpgroups == 1  # 64 pairs for 132 SMs
+    assert plan_segments(8, 8 * 4096, 32, 132, num_segments=2, **both).warpgroups == 1  # cut: segment passes
+    assert plan_segments(8, 8 * 4096, 32, 132, value_dim=64, **both).warpgroups == 1  # one tile only
+    assert plan_segments(1, 32768, 32, 132, **both).warpgroups == 1  # narrow tiles
 
 
 @pytest.mark.parametrize("sm_count", [80, 108, 132, 304])
@@ -419,17 +454,18 @@ def test_gpu_segments_match_naive(gpu_device: str, segments) -> None:
 
 
 def _matches_with_the_pass_off(monkeypatch: pytest.MonkeyPatch, run, factory: str, table: str,
-                               tolerance: float, exact: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                               tolerance: float, exact: tuple[torch.Tensor, torch.Tensor] | None = None) -> list:
     """``run()`` launches the Gluon pass of ``launch.<factory>()``, and its (o, state) match those of
     ``run()`` with that pass turned off (its table ``launch.<table>`` emptied): within ``tolerance``
     of them or, given the fp64 results ``exact``, each no further from them than ``tolerance`` times
-    the other pass's error (for passes that round differently)."""
+    the other pass's error (for passes that round differently). Returns the (grid, num_warps) of
+    each of the pass's launches."""
     from polykernels.gated_delta_rule import launch
 
     runs, real = [], getattr(launch, factory)()
 
     def counted(*args, **kwargs):
-        runs.append(args[0])
+        runs.append((args[0], args[2].get("num_warps")))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(launch, factory, lambda: counted)
@@ -442,6 +478,7 @@ def _matches_with_the_pass_off(monkeypatch: pytest.MonkeyPatch, run, factory: st
         else:
             got_error, want_error = relative_rms_error(got_part, exact_part), relative_rms_error(want_part, exact_part)
             assert got_error <= tolerance * want_error, f"error {got_error:.3e} against {want_error:.3e}"
+    return runs
 
 
 def _starting_mid_row(tensor: torch.Tensor) -> torch.Tensor:
@@ -462,14 +499,15 @@ def _starting_mid_row(tensor: torch.Tensor) -> torch.Tensor:
     (3000, 128, 128, None, None, torch.float16, False),
     (1000, 128, 128, None, None, torch.bfloat16, True)],
     ids=["K128", "K64-V100-packed-3seg", "K128-packed-3seg", "K128-V64-2seg", "K128-fp16", "K128-qk-mid-row"])
-@pytest.mark.parametrize("variant", ["shared-state", "register-state"])
+@pytest.mark.parametrize("variant", ["shared-state", "register-state", "register-pair"])
 def test_gpu_hopper_pass_matches_the_portable_pass(gpu_device: str, monkeypatch: pytest.MonkeyPatch, tokens: int,
                                                    key_dim: int, value_dim: int, lengths, segments,
                                                    dtype: torch.dtype, mid_row: bool, variant: str) -> None:
     # Each Gluon sequential pass (sm_90) against the pass that runs without it on the same prepared
     # chunks (the shared-state pass against the Triton one; the register-state pass, at its 64-column
-    # V tile, against the shared-state pass): cp.async tiles reading zeros past each sequence's end
-    # and past V (100 columns), fp16, and q, k views starting off a 16-byte boundary (copied first).
+    # V tile, against the shared-state pass; its two-warpgroup form, two tiles per program, against
+    # the one-warpgroup form): cp.async tiles reading zeros past each sequence's end and past V (100
+    # columns), fp16, and q, k views starting off a 16-byte boundary (copied first).
     if torch.cuda.get_device_capability(gpu_device) != (9, 0):
         pytest.skip("the Gluon sequential passes run on sm_90 only; the other GPU tests cover this GPU's pass")
     from polykernels.gated_delta_rule import launch
@@ -480,6 +518,14 @@ def test_gpu_hopper_pass_matches_the_portable_pass(gpu_device: str, monkeypatch:
     else:  # at its 64-column tile, on uncut sequences (the recipe's rule)
         monkeypatch.setattr(launch, "RECURRENCE_BLOCK_V", {**launch.RECURRENCE_BLOCK_V, key_dim: (64, 64)})
         factory, table, segments = "_hopper_register_launcher", "HOPPER_REGISTER_STAGES", 1
+    if variant == "register-pair":  # pairs on a GPU of one SM: they always fill it
+        from polykernels import platform
+
+        monkeypatch.setattr(platform, "sm_count", lambda device: 1)
+        table = "HOPPER_REGISTER_PAIRS"
+        # Recipes and compiled launches are kept per class of call, which holds no SM count.
+        launch._recipe.cache_clear()
+        launch.forget_launchers()
     inputs = make_inputs(1, tokens, 2, 4, key_dim, value_dim, dtype, device=gpu_device)
     if mid_row:
         inputs = (_starting_mid_row(inputs[0]), _starting_mid_row(inputs[1]), *inputs[2:])
@@ -490,7 +536,17 @@ def test_gpu_hopper_pass_matches_the_portable_pass(gpu_device: str, monkeypatch:
     def run():
         return launch_chunk_gated_delta_rule(*inputs, key_dim**-0.5, h0, True, cu, False, segments)
 
-    _matches_with_the_pass_off(monkeypatch, run, factory, table, 1e-3)
+    try:
+        runs = _matches_with_the_pass_off(monkeypatch, run, factory, table, 1e-3)
+    finally:
+        if variant == "register-pair":  # the real factories back, then what the pairs left is dropped
+            monkeypatch.undo()
+            launch._recipe.cache_clear()
+            launch.forget_launchers()
+    if variant == "register-pair" and value_dim > 64:  # two tiles per program of 8 warps, against one of 4
+        (paired_grid, paired_warps), (single_grid, single_warps) = runs
+        assert (paired_grid[0], paired_warps, single_grid[0], single_warps) == (-(-value_dim // 128), 8,
+                                                                                 -(-value_dim // 64), 4), runs
 
 
 @pytest.mark.gpu
