@@ -649,7 +649,7 @@ def test_kernels_compile_for_amd(target: str) -> None:
     names = [name for name in family if kernels()[name].allowed_on(target)]
     assert set(family) - set(names) == {"gdn_recurrence_hopper", "gdn_segment_state_hopper", "gdn_prepare_hopper",
                                         "gdn_recurrence_hopper_wide", "gdn_segment_state_hopper_wide",
-                                        "gdn_recurrence_hopper_rs"}
+                                        "gdn_recurrence_hopper_rs", "gdn_recurrence_hopper_rs_pair"}
     assert set(names) == {"gdn_plan", "gdn_prepare", "gdn_recurrence", "gdn_segment_state", "gdn_combine",
                           "gdn_recurrence_fp32", "gdn_prepare_fp32"}
     for kernel in names:
