@@ -20,7 +20,7 @@ _VALUES = {"gpu__time_duration.sum": ("ns", "393,536"),
 
 
 def _rows(launch: str, kernel: str, skip: str = "") -> list[str]:
-    return [f'"{launch}","713","python3.12","127.0.0.1","{kernel}","1","7","(256, 1, 1)","(1, 8, 32)","0","9.0",'
+    return [f'"{launch}","713","python3","host","{kernel}","1","7","(256, 1, 1)","(1, 8, 32)","0","9.0",'
             f'"Command line profiler metrics","{name}","{unit}","{value}"'
             for name, (unit, value) in _VALUES.items() if name != skip]
 
