@@ -437,8 +437,12 @@ def _recipe(
     recurrence_tail = {"num_warps": num_warps, "num_stages": num_stages}
     # The register-state pass where the plan cut nothing: beside the segment passes it measured 1-4%
     # slower than the shared-state pass at the wide tile (BENCHMARKS.md, "thirteenth set").
-    register_stages = (None if segment_chunks else dict(hopper_register_pairs).get(plan.block_v)
-                       if plan.warpgroups == 2 else dict(hopper_register_stages).get(block_v))
+    if segment_chunks:
+        register_stages = None
+    elif plan.warpgroups == 2:  # the plan pairs only tiles that table holds
+        register_stages = dict(hopper_register_pairs)[plan.block_v]
+    else:
+        register_stages = dict(hopper_register_stages).get(block_v)
     stages = register_stages or dict(hopper_stages).get(block_v)
     hopper = stages is not None and on_hopper
     hopper_registers = hopper and register_stages is not None

@@ -187,12 +187,9 @@ def test_segment_plan_takes_wide_tiles_for_fewer_waves_with_the_register_state_p
     assert plan_segments(1, 65536, 8, 132, register_tiles=(64,)) == plan_segments(1, 65536, 8, 132)
 
 
-@pytest.mark.parametrize(("value_heads", "num_segments", "registers"), [
-    (64, None, True), (64, 2, False), (32, None, False)], ids=["uncut-wide", "cut", "narrow"])
-def test_register_state_pass_runs_uncut_wide_tiles_on_sm90(monkeypatch: pytest.MonkeyPatch, value_heads: int,
-                                                           num_segments: int | None, registers: bool) -> None:
-    # The recipe picks hopper_register_kernels' pass at the wide tile of uncut sequences on sm_90;
-    # cut sequences (beside the segment passes it was slower) and narrow tiles keep hopper_kernels'.
+def _sm90_recipe(monkeypatch: pytest.MonkeyPatch, batch: int, tokens: int, heads: int, value_heads: int,
+                 num_segments: int | None):
+    """launch._recipe for bf16 K = V = 128 inputs on an sm_90 of 132 SMs, with the launch tables as they are."""
     from polykernels import platform
     from polykernels.gated_delta_rule import launch
     from polykernels.platform import Platform
@@ -200,13 +197,23 @@ def test_register_state_pass_runs_uncut_wide_tiles_on_sm90(monkeypatch: pytest.M
     monkeypatch.setattr(launch, "_triton_release", lambda: "3.6")
     monkeypatch.setattr(platform, "sm_count", lambda device: 132)
     seen = Platform(backend="cuda", arch="sm_90", device_name=None, warp_size=32, runtime_version=None)
-    heads = value_heads // 4
-    recipe = launch._recipe(
-        torch.Size([1, 8192, heads, 128]), torch.Size([1, 8192, value_heads, 128]), torch.bfloat16, None, 1, False,
-        True, False, num_segments, torch.device("cpu"), seen, launch.RECURRENCE_BLOCK_V[128],
+    return launch._recipe(
+        torch.Size([batch, tokens, heads, 128]), torch.Size([batch, tokens, value_heads, 128]), torch.bfloat16, None,
+        batch, False, True, False, num_segments, torch.device("cpu"), seen, launch.RECURRENCE_BLOCK_V[128],
         launch.RECURRENCE_LAUNCH[128], launch.PREPARE_LAUNCH[128], tuple(launch.HOPPER_STAGES.items()),
         tuple(launch.HOPPER_PREPARE.items()), tuple(launch.HOPPER_REGISTER_STAGES.items()),
         tuple(launch.HOPPER_REGISTER_PAIRS.items()), tuple(launch.COMBINE_LAUNCH.items()))
+
+
+@pytest.mark.parametrize(("value_heads", "num_segments", "registers"), [
+    (64, None, True), (64, 2, False), (32, None, False)], ids=["uncut-wide", "cut", "narrow"])
+def test_register_state_pass_runs_uncut_wide_tiles_on_sm90(monkeypatch: pytest.MonkeyPatch, value_heads: int,
+                                                           num_segments: int | None, registers: bool) -> None:
+    # The recipe picks hopper_register_kernels' pass at the wide tile of uncut sequences on sm_90;
+    # cut sequences (beside the segment passes it was slower) and narrow tiles keep hopper_kernels'.
+    from polykernels.gated_delta_rule import launch
+
+    recipe = _sm90_recipe(monkeypatch, 1, 8192, value_heads // 4, value_heads, num_segments)
     assert recipe.hopper and recipe.hopper_registers is registers
     assert recipe.recurrence_meta["BV"] == (64 if registers or num_segments else 32)
     assert recipe.recurrence_meta["STAGES"] == (launch.HOPPER_REGISTER_STAGES[64] if registers
@@ -216,19 +223,9 @@ def test_register_state_pass_runs_uncut_wide_tiles_on_sm90(monkeypatch: pytest.M
 
 def test_register_state_pass_pairs_tiles_where_the_pairs_fill_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     # B8 T4096 32/32: 256 programs of two 64-column tiles (two warpgroups, 8 warps) still fill 132 SMs.
-    from polykernels import platform
     from polykernels.gated_delta_rule import launch
-    from polykernels.platform import Platform
 
-    monkeypatch.setattr(launch, "_triton_release", lambda: "3.6")
-    monkeypatch.setattr(platform, "sm_count", lambda device: 132)
-    seen = Platform(backend="cuda", arch="sm_90", device_name=None, warp_size=32, runtime_version=None)
-    recipe = launch._recipe(
-        torch.Size([8, 4096, 32, 128]), torch.Size([8, 4096, 32, 128]), torch.bfloat16, None, 8, False,
-        True, False, None, torch.device("cpu"), seen, launch.RECURRENCE_BLOCK_V[128],
-        launch.RECURRENCE_LAUNCH[128], launch.PREPARE_LAUNCH[128], tuple(launch.HOPPER_STAGES.items()),
-        tuple(launch.HOPPER_PREPARE.items()), tuple(launch.HOPPER_REGISTER_STAGES.items()),
-        tuple(launch.HOPPER_REGISTER_PAIRS.items()), tuple(launch.COMBINE_LAUNCH.items()))
+    recipe = _sm90_recipe(monkeypatch, 8, 4096, 32, 32, None)
     assert recipe.hopper_registers and recipe.recurrence_grid == (1, 8, 32)
     assert (recipe.recurrence_meta["BV"], recipe.recurrence_meta["num_warps"]) == (128, 8)
     assert recipe.recurrence_meta["STAGES"] == launch.HOPPER_REGISTER_PAIRS[64]
