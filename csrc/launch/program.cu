@@ -11,6 +11,10 @@
 // A launch's parameters are what Triton's own launcher passes: the kernel's runtime arguments in
 // order (constexprs and integers specialized to 1 left out), then two scratch pointers, null here
 // (polykernels._programs registers no kernel that needs scratch memory).
+//
+// A program may also zero part of an output (ready flags a kernel counts on starting at zero), and
+// a launch may be the previous one's programmatic dependent (driver::launch_dependent): two kernels
+// that run side by side.
 #include <torch/csrc/stable/accelerator.h>
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/tensor.h>
@@ -49,7 +53,18 @@ struct Parameter {
   int64_t b;
 };
 
+// A step's kind, as polykernels._programs encodes it.
+enum class Op : int64_t {
+  kLaunch = 0,  // a kernel launch
+  kDependentLaunch = 1,  // a kernel launch, the previous launch's programmatic dependent
+  kZero = 2,  // zero `bytes` bytes of outputs[slot] from `offset`
+};
+
 struct Launch {
+  Op op;
+  int64_t slot;  // kZero: the output, its offset and byte count
+  int64_t offset;
+  int64_t bytes;
   void* function;
   unsigned grid[3];
   unsigned threads;
@@ -132,16 +147,34 @@ std::vector<Parameter> decode_parameters(const std::vector<int64_t>& code, size_
   return parameters;
 }
 
-// code: [launches, then per launch: function, grid x, y, z, threads, shared bytes, parameters,
-// (source, a, b) per parameter].
+// code: [steps, then per step: its Op, then for a launch: function, grid x, y, z, threads, shared
+// bytes, parameters, (source, a, b) per parameter; for a zero: output slot, offset, bytes].
 std::vector<Launch> decode_launches(const std::vector<int64_t>& code, size_t inputs, size_t outputs) {
   STD_TORCH_CHECK(!code.empty(), "program_register: the program is empty");
   size_t at = 0;
   const int64_t count = code[at++];
   std::vector<Launch> launches;
   for (int64_t i = 0; i < count; ++i) {
-    STD_TORCH_CHECK(at + 7 <= code.size(), "program_register: the program ends inside a launch");
+    STD_TORCH_CHECK(at < code.size(), "program_register: the program ends before step ", i);
     Launch launch{};
+    const int64_t op = code[at++];
+    STD_TORCH_CHECK(op >= 0 && op <= 2, "program_register: unknown step ", op);
+    launch.op = static_cast<Op>(op);
+    if (launch.op == Op::kZero) {
+      STD_TORCH_CHECK(at + 3 <= code.size(), "program_register: the program ends inside a zero step");
+      launch.slot = code[at];
+      launch.offset = code[at + 1];
+      launch.bytes = code[at + 2];
+      at += 3;
+      STD_TORCH_CHECK(launch.slot >= 0 && static_cast<size_t>(launch.slot) < outputs && launch.offset >= 0 &&
+                          launch.bytes >= 0,
+                      "program_register: a zero step names output ", launch.slot, " of ", outputs);
+      launches.push_back(std::move(launch));
+      continue;
+    }
+    STD_TORCH_CHECK(launch.op == Op::kLaunch || (!launches.empty() && launches.back().op != Op::kZero),
+                    "program_register: a dependent launch must follow a launch");
+    STD_TORCH_CHECK(at + 7 <= code.size(), "program_register: the program ends inside a launch");
     launch.function = reinterpret_cast<void*>(static_cast<uintptr_t>(code[at]));
     for (int d = 0; d < 3; ++d) {
       STD_TORCH_CHECK(code[at + 1 + d] >= 1 && code[at + 1 + d] <= 0x7fffffff, "program_register: grid dimension ",
@@ -161,7 +194,7 @@ std::vector<Launch> decode_launches(const std::vector<int64_t>& code, size_t inp
     }
     launches.push_back(std::move(launch));
   }
-  STD_TORCH_CHECK(at == code.size(), "program_register: ", code.size() - at, " values after the last launch");
+  STD_TORCH_CHECK(at == code.size(), "program_register: ", code.size() - at, " values after the last step");
   return launches;
 }
 
@@ -235,6 +268,12 @@ std::vector<Tensor> program_run(std::vector<std::optional<Tensor>> tensors, std:
   uint64_t values[kMaxParameters + 2];
   void* parameters[kMaxParameters + 2];
   for (const Launch& launch : program->launches) {
+    if (launch.op == Op::kZero) {
+      void* const address = reinterpret_cast<void*>(pointer_bits(outputs[launch.slot], launch.offset));
+      const int result = driver::zero_bytes(address, static_cast<size_t>(launch.bytes), stream);
+      STD_TORCH_CHECK(result == 0, "program_run: zeroing a workspace part failed with error ", result);
+      continue;
+    }
     size_t n = 0;
     for (const Parameter& p : launch.parameters) {
       uint64_t value = 0;
@@ -261,7 +300,7 @@ std::vector<Tensor> program_run(std::vector<std::optional<Tensor>> tensors, std:
       values[n++] = value;
     }
     const int result = driver::launch(launch.function, launch.grid, launch.threads, launch.shared_bytes, stream,
-                                      values, parameters, n, device_index);
+                                      values, parameters, n, device_index, launch.op == Op::kDependentLaunch);
     STD_TORCH_CHECK(result != driver::kNoDriverLaunch, "program_run: the driver's kernel launch was not found");
     STD_TORCH_CHECK(result == 0, "program_run: a kernel launch failed with driver error ", result);
   }

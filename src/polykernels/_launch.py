@@ -111,6 +111,23 @@ class Launcher:
             self._compiled[key] = _direct_launch(compiled, len(args), self._constexpr_tail(len(args), meta))
             self._kernels[key] = compiled
 
+    def warm(self, grid: tuple[int, ...], meta: Mapping[str, object], *, spec_key: Hashable,
+             tensors: Callable[[], Sequence[object]]) -> None:
+        """Compiles and loads the kernel for ``spec_key`` on the current device without launching it
+        (a later call launches it directly). For launches that must not wait on a compile or a module
+        load: a kernel that another, already running, waits for (the gated delta rule's passes side
+        by side; CUDA's lazy loading would make that load wait for the running kernel)."""
+        if self._interpreted:
+            return
+        key = _spec_entry(torch._C._cuda_getDevice(), spec_key)
+        if key in self._compiled:
+            return
+        args = tensors()
+        compiled = self.kernel.warmup(*args, grid=grid, **meta)
+        if _is_compiled(compiled):
+            self._compiled[key] = _direct_launch(compiled, len(args), self._constexpr_tail(len(args), meta))
+            self._kernels[key] = compiled
+
     def cached(self, spec_key: Hashable) -> Callable[..., None] | None:
         """The direct launch kept for ``spec_key`` on the current device, None before its first call:
         ``call(grid_x, grid_y, grid_z, stream, args)`` (``benchmarks.host_path`` times it alone)."""
@@ -119,10 +136,11 @@ class Launcher:
     def described(self, spec_key: Hashable) -> KernelLaunch | None:
         """What the driver needs to launch the kernel kept for ``spec_key`` on the current device
         (``polykernels._programs`` records it), None before its first call or where that launch
-        needs more than a plain driver launch: scratch memory, clusters, cooperative or
-        programmatic-dependent launches, tensor descriptors, or a launcher other than CUDA's."""
+        needs more than a plain driver launch: scratch memory, clusters, cooperative launches,
+        tensor descriptors, or a launcher other than CUDA's. A programmatic-dependent launch is
+        described, as ``dependent``."""
         compiled = self._kernels.get(_spec_entry(torch._C._cuda_getDevice(), spec_key))
-        return None if compiled is None else _plain_launch(compiled)
+        return None if compiled is None else _plain_launch(compiled, dependent_allowed=True)
 
     def _launch_fitting(self, grid: tuple[int, ...], args: Sequence[object], meta: Mapping[str, object]) -> Any:
         """``kernel[grid](...)``, one pipeline stage fewer while the device's shared memory cannot
@@ -157,6 +175,7 @@ class KernelLaunch:
     threads: int
     shared_bytes: int
     types: tuple[str, ...]
+    dependent: bool = False  # launched as the previous launch's programmatic dependent (launch_pdl)
 
 
 def _spec_entry(device: int, spec_key: Hashable) -> tuple:
@@ -164,18 +183,22 @@ def _spec_entry(device: int, spec_key: Hashable) -> tuple:
     return (device, _SPEC, spec_key)
 
 
-def _plain_launch(compiled: Any) -> KernelLaunch | None:
+def _plain_launch(compiled: Any, dependent_allowed: bool = False) -> KernelLaunch | None:
     """What the driver needs to launch ``compiled``, or None where that launch needs more than a plain
-    driver launch (see ``Launcher.described``)."""
+    driver launch (see ``Launcher.described``). ``dependent_allowed``: a programmatic-dependent launch
+    (``launch_pdl``) is described too, as ``dependent`` (the launch programs make it; the extension's
+    Python launch does not)."""
     run, metadata = compiled.run, compiled.metadata
+    dependent = bool(getattr(run, "launch_pdl", True))
     plain = (type(run).__name__ == "CudaLauncher" and getattr(run, "global_scratch_size", 1) == 0
              and getattr(run, "profile_scratch_size", 1) == 0 and getattr(metadata, "num_ctas", 1) == 1
-             and not getattr(run, "launch_cooperative_grid", True) and not getattr(run, "launch_pdl", True))
+             and not getattr(run, "launch_cooperative_grid", True) and (dependent_allowed or not dependent))
     types = tuple(compiled.src.signature.values())
     if not plain or not all(isinstance(t, str) for t in types):
         return None
     num_warps, _, shared = compiled.packed_metadata
-    return KernelLaunch(function=compiled.function, threads=32 * num_warps, shared_bytes=shared, types=types)
+    return KernelLaunch(function=compiled.function, threads=32 * num_warps, shared_bytes=shared, types=types,
+                        dependent=dependent)
 
 
 def parameter_kinds(types: Sequence[str], num_args: int) -> bytes | None:

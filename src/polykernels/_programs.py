@@ -9,6 +9,11 @@ class, allocates the outputs through torch and launches the kernels on the curre
 a class that passed the Python checks is the check; anything the class does not capture (a value
 inside a tensor, a scalar's range) the caller checks before it asks.
 
+A program may also zero part of an output before its launches (``Zero``: flags a kernel counts on
+starting at zero), and a launch may be its predecessor's programmatic dependent (the kernel was
+compiled with ``launch_pdl``): it starts once every program of the launch before it has said so,
+and runs beside it.
+
 Only plain launches are recorded (``Launcher.described``): NVIDIA's launcher, no scratch memory,
 no clusters. A class that is never recorded (its call clones or converts an input first) pays one
 lookup per call before the checked path: the op call, about 10 us on the H200's host. ROCm builds
@@ -31,6 +36,8 @@ from polykernels import _extension
 from polykernels._launch import INTEGER_TYPES, KernelLaunch, Launcher
 
 _INPUT, _OUTPUT, _CONSTANT, _SCALAR_F32 = 0, 1, 2, 3
+# A step's kind (program.cu's Op).
+_LAUNCH, _DEPENDENT_LAUNCH, _ZERO = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,17 @@ class Step(NamedTuple):
     grid: tuple[int, ...]
     args: Sequence[object]  # tensors, ints, floats, OutputPart and Scalar markers
     spec_key: object
+
+
+@dataclass(frozen=True)
+class Zero:
+    """Zeroes ``nbytes`` bytes of output ``slot`` from ``offset``, on the current stream."""
+
+    slot: int
+    offset: int
+    nbytes: int
+
+
 
 
 @functools.cache
@@ -84,7 +102,7 @@ def clear() -> None:
 
 
 def register(tensors: list[torch.Tensor | None], flags: list[int], outputs: Sequence[torch.Tensor], returned: int,
-             steps: Sequence[Step], constants: Sequence[torch.Tensor] = ()) -> bool:
+             steps: Sequence[Step | Zero], constants: Sequence[torch.Tensor] = ()) -> bool:
     """Records ``steps`` for the class of ``tensors`` and ``flags``; False (nothing recorded) when a
     step cannot be replayed: a launcher that is not a ``Launcher``, a kernel not compiled for this
     device yet or not a plain launch, or an argument that is none of the call's tensors, its
@@ -97,12 +115,23 @@ def register(tensors: list[torch.Tensor | None], flags: list[int], outputs: Sequ
         return False
     code: list[int] = [len(steps)]
     for step in steps:
-        encoded = _encode(step, tensors, outputs, constants)
+        encoded = _encode_step(step, tensors, outputs, constants)
         if encoded is None:
             return False
         code += encoded
     ops[0](tensors, flags, list(outputs), returned, code)
     return True
+
+
+def _encode_step(step: Step | Zero, tensors: Sequence[torch.Tensor | None], outputs: Sequence[torch.Tensor],
+                 constants: Sequence[torch.Tensor]) -> list[int] | None:
+    if isinstance(step, Zero):
+        return [_ZERO, step.slot, step.offset, step.nbytes]
+    encoded = _encode(step, tensors, outputs, constants)
+    if encoded is None:
+        return None
+    dependent = step.launcher.described(step.spec_key).dependent
+    return [_DEPENDENT_LAUNCH if dependent else _LAUNCH, *encoded]
 
 
 def _encode(step: Step, tensors: Sequence[torch.Tensor | None], outputs: Sequence[torch.Tensor],

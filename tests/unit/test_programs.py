@@ -15,16 +15,16 @@ import torch
 
 from polykernels import _programs
 from polykernels._launch import KernelLaunch, Launcher
-from polykernels._programs import OutputPart, Scalar, Step, _encode, _parameter
+from polykernels._programs import OutputPart, Scalar, Step, Zero, _encode, _encode_step, _parameter
 from polykernels.gated_delta_rule import chunk_gated_delta_rule, launch
 
 
 class _DescribedLauncher(Launcher):
     """A Launcher whose compiled kernel is described without compiling one."""
 
-    def __init__(self, types: tuple[str, ...]) -> None:
+    def __init__(self, types: tuple[str, ...], dependent: bool = False) -> None:
         self.kernel, self._compiled, self._kernels = None, {}, {}
-        self._described = KernelLaunch(function=0xABC, threads=128, shared_bytes=4096, types=types)
+        self._described = KernelLaunch(function=0xABC, threads=128, shared_bytes=4096, types=types, dependent=dependent)
 
     def described(self, spec_key: object) -> KernelLaunch | None:
         return self._described
@@ -59,6 +59,15 @@ def test_a_launch_encodes_its_kernel_grid_and_runtime_parameters() -> None:
     assert code == [0xABC, 3, 2, 1, 128, 4096, 4,
                     _programs._INPUT, 0, 0, _programs._CONSTANT, 8, 0, _programs._OUTPUT, 0, 0,
                     _programs._SCALAR_F32, 0, 0]
+
+
+def test_every_step_leads_with_its_kind() -> None:
+    x, out = torch.zeros(8), torch.zeros(8)
+    launch = [0xABC, 1, 1, 1, 128, 4096, 1, _programs._INPUT, 0, 0]
+    plain, dependent = _DescribedLauncher(("*fp32",)), _DescribedLauncher(("*fp32",), dependent=True)
+    assert _encode_step(Step(plain, (1,), (x,), "key"), [x], [out], ()) == [_programs._LAUNCH, *launch]
+    assert _encode_step(Step(dependent, (1,), (x,), "key"), [x], [out], ()) == [_programs._DEPENDENT_LAUNCH, *launch]
+    assert _encode_step(Zero(0, 256, 64), [x], [out], ()) == [_programs._ZERO, 0, 256, 64]
 
 
 def test_steps_of_other_launchers_or_unknown_tensors_are_not_recorded() -> None:
@@ -222,10 +231,14 @@ def test_gpu_a_replayed_call_is_captured_in_a_cuda_graph(gpu_device: str, monkey
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("code", "match"), [
-    ([], "the program is empty"), ([1, 0, 1, 1], "ends inside a launch"),
-    ([1, 0, 1, 1, 1, 128, 0, 1, 9, 0, 0], "unknown parameter source 9"),
-    ([1, 0, 1, 1, 1, 128, 0, 1, 0, 5, 0], "names tensor 5"), ([1, 0, 0, 1, 1, 128, 0, 0], "grid dimension 0 is 0"),
-], ids=["empty", "short", "unknown-source", "no-such-tensor", "zero-grid"])
+    ([], "the program is empty"), ([1, 0, 0, 1, 1], "ends inside a launch"),
+    ([1, 0, 0, 1, 1, 1, 128, 0, 1, 9, 0, 0], "unknown parameter source 9"),
+    ([1, 0, 0, 1, 1, 1, 128, 0, 1, 0, 5, 0], "names tensor 5"),
+    ([1, 0, 0, 0, 1, 1, 128, 0, 0], "grid dimension 0 is 0"),
+    ([1, 7], "unknown step 7"), ([1, 1, 0, 1, 1, 1, 128, 0, 0], "a dependent launch must follow a launch"),
+    ([1, 2, 5, 0, 16], "names output 5"),
+], ids=["empty", "short", "unknown-source", "no-such-tensor", "zero-grid", "unknown-step", "dependent-first",
+        "zero-no-such-output"])
 def test_gpu_a_malformed_program_is_refused_by_name(gpu_device: str, code: list[int], match: str) -> None:
     if not _programs.enabled():
         pytest.fail("the extension's launch programs are not available (build the CUDA extension)")
