@@ -1,10 +1,11 @@
 """The >2^31-element check on a GPU: one long run vs the same tokens in chained pieces.
 
 HV = 32, K = V = 128: q, k, v and o [1, T, 32, 128] pass 2^31 elements beyond 524,288 tokens.
-An int32 offset there reads out of bounds or wraps. The long run is made three times: on the
-whole-sequence path, on the context-parallel (segmented) one, and whole with 64-column V tiles
-(on sm_90 the sequential pass with the state in registers); each piece of the chained run is
-below 2^31 elements, so it is a reference that needs no dense fp64 recurrence.
+An int32 offset there reads out of bounds or wraps. The long run is made four times: on the
+whole-sequence path, on the context-parallel (segmented) one, whole with 64-column V tiles (on
+sm_90 the sequential pass with the state in registers), and as the plan would run it (on sm_90:
+that pass and the prepare pass side by side, ready flags between them); each piece of the chained
+run is below 2^31 elements, so it is a reference that needs no dense fp64 recurrence.
 """
 
 from __future__ import annotations
@@ -42,11 +43,12 @@ def run_large_index_check(tokens: int = 2**31 // (32 * 128) + 4096, device: str 
     v = torch.randn(shape, device=device, dtype=torch.bfloat16, generator=gen)
     g = torch.nn.functional.logsigmoid(torch.randn(1, tokens, heads, device=device, generator=gen)) * 0.1
     beta = torch.rand(1, tokens, heads, device=device, generator=gen).sigmoid().bfloat16()
-    # Three paths over the same tokens: whole (one program per V tile and head walks every chunk),
-    # forced context parallelism (segment states, combine, recurrence per segment), and whole at the
-    # wide V tile.
+    # Four paths over the same tokens: whole (one program per V tile and head walks every chunk),
+    # forced context parallelism (segment states, combine, recurrence per segment), whole at the
+    # wide V tile, and the plan's own choice (no num_segments: the passes side by side on sm_90).
     full = {}
-    for label, forced, wide in (("whole", 1, False), ("segmented", segments, False), ("whole_wide", 1, True)):
+    for label, forced, wide in (("whole", 1, False), ("segmented", segments, False), ("whole_wide", 1, True),
+                                ("planned", None, False)):
         start = time.perf_counter()
         with _wide_tiles() if wide else contextlib.nullcontext():
             full[label] = chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, num_segments=forced)

@@ -25,6 +25,10 @@ registers allowed two. Programs run the value heads of a chunk one after another
 B1 T32768 32/32 the pass takes 456 us, where it took 549-553 with programs in chunk order and v
 copied after the first products (BENCHMARKS.md, "sixteenth set"; the Triton kernel: 748 us).
 
+With CONCURRENT the pass runs beside the register-state sequential pass, as that launch's
+programmatic dependent: each program raises its (chunk, value head)'s ready flag after its stores,
+and the last program to finish waits for the sequential pass to finish too (ready_flags).
+
 Offsets: int64 up to each chunk's first element, int32 inside a chunk (as in kernels.py).
 """
 
@@ -43,6 +47,7 @@ from polykernels.gated_delta_rule.hopper_kernels import _copy_layout, _copy_tile
 
 # Element-wise and scalar arithmetic only (no layouts made), so the Triton helpers serve Gluon kernels too.
 from polykernels.gated_delta_rule.kernels import CHUNK_INVERSE_LEVELS, _bad, _bad_rows, _chunk_program, _chunk_span
+from polykernels.gated_delta_rule.ready_flags import finish_prepare, raise_flag
 
 _NAN = gl.constexpr(float("nan"))
 # (I + A)^-1 of a 64-row chunk: the factors (I + p0) ... (I + p5), one more than the squarings.
@@ -76,10 +81,10 @@ def _store_rows(base, value, length, limit, ROW_STRIDE: gl.constexpr, ROWS: gl.c
 @gluon.jit
 def gdn_prepare_hopper_kernel(
     Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr, CU, CHUNK_OFFSETS,
-    T, N, CHUNKS_PER_SEQ, scale,
+    T, N, CHUNKS_PER_SEQ, scale, FLAGS, SEQUENTIAL_PROGRAMS,
     H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
     BV: gl.constexpr, NV: gl.constexpr, L2NORM: gl.constexpr, VARLEN: gl.constexpr, LOG_N: gl.constexpr,
-    DOT_PRECISION: gl.constexpr, INVERSE_PRECISION: gl.constexpr,
+    DOT_PRECISION: gl.constexpr, INVERSE_PRECISION: gl.constexpr, CONCURRENT: gl.constexpr,
 ):
     gl.static_assert(K == BK, "the Hopper prepare pass takes whole K rows (K a power of two)")
     gl.static_assert(INVERSE_PRECISION == "bf16", "the Hopper prepare pass rounds the inverse's operands to bf16")
@@ -89,6 +94,10 @@ def gdn_prepare_hopper_kernel(
     if length > 0:
         _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr,
                        chunk_start, length.to(gl.int32), i_h, i_hv, scale, H, HV, K, V, BT, BK, BV, NV, L2NORM)
+    if CONCURRENT:  # the sequential pass runs beside this one and waits for this chunk (ready_flags)
+        raise_flag(FLAGS + i_c * HV + i_hv)
+        programs = gl.num_programs(0) * gl.num_programs(1)
+        finish_prepare(FLAGS + programs, FLAGS + programs + 1, programs, SEQUENTIAL_PROGRAMS)
 
 
 @gluon.jit

@@ -20,6 +20,11 @@ BENCHMARKS.md "seventeenth set"). It runs uncut sequences (launch._recipe): on t
 of 64 columns takes it about 1.3x what the shared-state pass takes for 32, and beside the segment
 passes it was the slower one ("thirteenth set").
 
+With AWAIT the pass runs beside the prepare pass (launch.plan_segments' concurrent form: one
+sequence per batch row, wide-tile programs that leave at least half the SMs): it is launched first,
+lets the prepare pass start at once as its programmatic dependent, and waits for each chunk's ready
+flag before copying the chunk in (ready_flags).
+
 Offsets: int64 up to each chunk's first element, int32 inside a chunk (as in kernels.py).
 """
 
@@ -38,6 +43,7 @@ from polykernels.gated_delta_rule.hopper_kernels import _copy_chunk_tiles, _mma_
 
 # Scalar arithmetic only (no layouts), so the Triton helper serves Gluon kernels too.
 from polykernels.gated_delta_rule.kernels import _segment
+from polykernels.gated_delta_rule.ready_flags import await_flag, finish_sequential, launch_dependents
 
 
 @gluon.constexpr_function
@@ -85,17 +91,18 @@ def _store_output_t(O_ptr, out_s, chunk_start, end, i_hv, col0, HV: gl.constexpr
 @gluon.jit
 def gdn_recurrence_hopper_rs_kernel(
     Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr, HINIT_ptr, HT_ptr, O_ptr, HLOC_ptr, M_ptr,
-    CU, SEG_OFFSETS, T, N, SEGS_PER_SEQ, SEG_TOKENS,
+    CU, SEG_OFFSETS, T, N, SEGS_PER_SEQ, SEG_TOKENS, FLAGS,
     H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
     BV: gl.constexpr, NV: gl.constexpr, VARLEN: gl.constexpr, LOG_N: gl.constexpr, HAS_INITIAL: gl.constexpr,
     SEGMENT_STATE: gl.constexpr, STORE_FINAL: gl.constexpr, DOT_PRECISION: gl.constexpr,
-    STAGES: gl.constexpr,
+    STAGES: gl.constexpr, AWAIT: gl.constexpr,
 ):
     gl.static_assert(K == BK, "the Hopper pass takes whole K rows (K a power of two)")
     WARPS: gl.constexpr = gl.num_warps()
     gl.static_assert(BV == 16 * WARPS, "the state's rows are 64-row products, one warpgroup each")
     # Uncut sequences only (launch._recipe): beside the segment passes the shared-state pass was faster.
     gl.static_assert(not SEGMENT_STATE, "the segment-state pass is hopper_kernels'")
+    gl.static_assert(not (AWAIT and VARLEN), "ready flags are numbered by batch row and chunk")
     state_l: gl.constexpr = _mma_layout(BK, WARPS)  # h^T: BV x K
     chunk_l: gl.constexpr = _mma_layout(BT, WARPS)  # v_new^T, o^T: BV x BT
     # Left operands from registers: an accumulator's registers are already the operand's.
@@ -132,11 +139,19 @@ def gdn_recurrence_hopper_rs_kernel(
     scales_s = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * BT],
                                          gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
 
+    chunks = ((end - start + BT - 1) // BT).to(gl.int32)
+    # AWAIT: the prepare pass runs beside this one (packed sequences never): each chunk's copies wait
+    # for its flag (ready_flags); a look-ahead past the last chunk copies nothing and waits for the last.
+    flags = FLAGS + (n * ((T + BT - 1) // BT)) * HV + i_hv
+    last = gl.maximum(chunks - 1, 0)
+    if AWAIT:  # the prepare pass, launched next as this one's programmatic dependent, may start
+        launch_dependents()
     for ahead in gl.static_range(STAGES - 1):
+        if AWAIT:
+            await_flag(flags + gl.minimum(ahead, last) * HV)
         _copy_chunk_t(start + ahead * BT, end, ahead, i_h, i_hv, col0, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr,
                       QS_ptr, KS_ptr, w_s, k_s, q_s, p_s, u_s, scales_s, H, HV, K, V, BT, BK, BV, U_COLS_IN)
     zero = gl.zeros([BV, BT], gl.float32, layout=chunk_l)
-    chunks = ((end - start + BT - 1) // BT).to(gl.int32)
     # Each chunk's output waits in shared memory (two buffers, alternating) and leaves during the
     # next chunk, while its products run: held in registers across the loop it made the pass spill.
     out_s = gl.allocate_shared_memory(dtype, [2, BV, BT], gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8,
@@ -154,6 +169,8 @@ def gdn_recurrence_hopper_rs_kernel(
         v_new = warpgroup_mma(minus_h, w_s.index(stage).permute((1, 0)), u_t, is_async=True)
         minus_qh = warpgroup_mma(minus_h, q_s.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True)
         # While the products run: the chunk STAGES - 1 ahead into the stage the previous chunk used.
+        if AWAIT:
+            await_flag(flags + gl.minimum(c + STAGES - 1, last) * HV)
         _copy_chunk_t(chunk_start + (STAGES - 1) * BT, end, (c + STAGES - 1) % STAGES, i_h, i_hv, col0, Q_ptr,
                       K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, w_s, k_s, q_s, p_s, u_s, scales_s, H, HV, K, V, BT,
                       BK, BV, U_COLS_IN)
@@ -177,3 +194,5 @@ def gdn_recurrence_hopper_rs_kernel(
 
     if STORE_FINAL:
         gl.store(HT_ptr + (n * HV + i_hv) * K * V + tile, state, mask=tile_mask & (j == count - 1))
+    if AWAIT:  # counted done after the flags (ready_flags.finish_prepare waits for every program)
+        finish_sequential(FLAGS + N * ((T + BT - 1) // BT) * HV + 1)

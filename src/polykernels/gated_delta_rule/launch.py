@@ -8,6 +8,8 @@ recurrence_kernels.py.
 from __future__ import annotations
 
 import functools
+import math
+import os
 import sys
 import types
 from collections.abc import Collection, Mapping
@@ -18,7 +20,7 @@ from typing import NamedTuple
 import torch
 
 from polykernels import _programs, platform
-from polykernels._programs import OutputPart, Scalar, Step
+from polykernels._programs import OutputPart, Scalar, Step, Zero
 from polykernels._workspace import Layout
 from polykernels.gated_delta_rule import guards
 
@@ -33,6 +35,9 @@ MAX_VALUE_HEADS = (2**31 - 1) // (CHUNK * MAX_HEAD_DIM)
 # MIN_SEGMENT_CHUNKS chunks (each segment but the last also costs a pass over K transition columns).
 # From the H200 sweeps (BENCHMARKS.md, "segments"): the best split gave about one program per SM.
 MIN_SEGMENT_CHUNKS = 8
+# The two passes side by side (plan_segments' concurrent_tiles) for sequences of at least this many
+# chunks; shorter ones were not measured (their prepare pass may fit one wave on every SM).
+CONCURRENT_MIN_CHUNKS = 128
 WHOLE_SEQUENCE = 2**34  # chunks per segment when a sequence is not cut: more than any sequence has
 
 
@@ -49,12 +54,13 @@ class SegmentPlan:
     block_v: int  # V columns per sequential program (per warpgroup where ``warpgroups`` is 2)
     reason: str
     warpgroups: int = 1  # 2: the register-state pass takes two neighbouring V tiles per program
+    concurrent: bool = False  # the sequential pass runs beside the prepare pass, on SMs of its own
 
 
 def plan_segments(
     num_seqs: int, total_tokens: int, value_heads: int, sm_count: int, num_segments: int | None = None,
     *, key_dim: int = 128, value_dim: int = 128, register_tiles: Collection[int] = (),
-    register_pairs: Collection[int] = (),
+    register_pairs: Collection[int] = (), concurrent_tiles: Collection[int] = (),
 ) -> SegmentPlan:
     """The V tile and the segments per sequence, from (N, HV, T, K, V, SMs).
 
@@ -70,6 +76,11 @@ def plan_segments(
     more waves of programs (BENCHMARKS.md, "thirteenth set"). ``register_pairs``: the V tiles at which
     that pass can also take two neighbouring tiles per program (two warpgroups, each chunk's tiles
     copied once for both), done for uncut sequences where the pairs still fill every SM.
+    ``concurrent_tiles``: the V tiles at which that pass can run beside the prepare pass, waiting for
+    each chunk's ready flag (one sequence per batch row, launch.HOPPER_CONCURRENT): taken for uncut
+    sequences of at least CONCURRENT_MIN_CHUNKS chunks whose wide-tile programs leave at least half
+    the SMs to the prepare pass (B1 T32768 with 32 value heads: 64 programs where 32-column tiles
+    made 128 that ran after the prepare pass).
     """
     chunks = max(1, -(-total_tokens // num_seqs // CHUNK))
     wide, narrow = RECURRENCE_BLOCK_V[_block(key_dim)]
@@ -95,6 +106,11 @@ def plan_segments(
         why += (f"; {wide}-column V tiles: {wide_waves} wave(s) of register-state programs where {narrow}-column "
                 f"ones take {narrow_waves}")
     segments = max(1, min(segments, chunks))
+    if (segments == 1 and num_segments is None and wide in concurrent_tiles and 2 * wide_programs <= sm_count
+            and chunks >= CONCURRENT_MIN_CHUNKS):
+        return SegmentPlan(segments=1, segment_chunks=chunks, block_v=wide, concurrent=True,
+                           reason=(f"{wide_programs} sequential programs (N x HV x V/{wide}) on SMs of their own "
+                                   f"beside the prepare pass on the other {sm_count - wide_programs}: no split"))
     pairs = num_seqs * value_heads * -(-value_dim // (2 * block_v))
     warpgroups = 1
     if (segments == 1 and block_v in register_tiles and block_v in register_pairs and value_dim > block_v
@@ -224,6 +240,12 @@ HOPPER_REGISTER_STAGES: Mapping[int, int] = types.MappingProxyType({64: 3})
 # had L2 at 96% of its peak, ncu). Per V tile of HOPPER_REGISTER_STAGES: the stages the pair fits in
 # shared memory. Taken where the pairs still fill every SM (plan_segments).
 HOPPER_REGISTER_PAIRS: Mapping[int, int] = types.MappingProxyType({64: 2})
+# The two passes side by side on sm_90 (plan_segments' concurrent_tiles): the register-state programs
+# launched first, the Gluon prepare pass as their programmatic dependent on the SMs they leave, each
+# chunk's ready flag between them (ready_flags). The K of HOPPER_PREPARE it is done at (measured at
+# 128); an empty table turns it off.
+HOPPER_CONCURRENT: Collection[int] = frozenset({128})
+
 # The prepare pass on sm_90 (hopper_prepare_kernels; the inputs hopper_pass takes): per K, its register
 # cap (Triton's maxnreg; None: uncapped). At K = 128, 168 registers (24 bytes spilled) give three
 # programs per SM where 255 would give two (the kernel's first form took 1055 us uncapped and 968 capped
@@ -236,6 +258,15 @@ HOPPER_PREPARE: Mapping[int, int | None] = types.MappingProxyType({64: None, 128
 # state), warps and pipeline stages (the transitions load a segment ahead of the product).
 COMBINE_LAUNCH: Mapping[str, int] = types.MappingProxyType({"block_v": 16, "whole_k": 128, "num_warps": 4,
                                                             "num_stages": 2})
+
+
+def concurrent_passes_allowed() -> bool:
+    """Whether this process may run the two passes side by side: the sequential pass waits for the
+    prepare pass, launched after it, so a process whose launches run one after the other would wait
+    for ever (ready_flags traps after a timeout instead). CUDA_LAUNCH_BLOCKING=1 does that, and so do
+    the tools that inject themselves into the CUDA runtime to replay or check kernels one at a time
+    (Nsight Compute, compute-sanitizer: CUDA_INJECTION64_PATH)."""
+    return os.environ.get("CUDA_LAUNCH_BLOCKING", "0") in ("", "0") and not os.environ.get("CUDA_INJECTION64_PATH")
 
 
 def combine_operator_block(block_k: int, whole_k: int) -> int:
@@ -294,7 +325,7 @@ def launch_chunk_gated_delta_rule(
                      RECURRENCE_LAUNCH[block_k], PREPARE_LAUNCH[max(block_k, PREPARE_MIN_BLOCK)],
                      tuple(HOPPER_STAGES.items()), tuple(HOPPER_PREPARE.items()),
                      tuple(HOPPER_REGISTER_STAGES.items()), tuple(HOPPER_REGISTER_PAIRS.items()),
-                     tuple(COMBINE_LAUNCH.items()))
+                     tuple(sorted(HOPPER_CONCURRENT)), tuple(COMBINE_LAUNCH.items()))
     run = _launchers()
     cu = cu_seqlens if cu_seqlens is not None else _unused_offsets(device)
     initial = initial_state.float().contiguous() if initial_state is not None else final
@@ -323,11 +354,13 @@ def launch_chunk_gated_delta_rule(
         h_init = scratch.h_init if recipe.segment_chunks else initial
         return _Arguments(
             plan=(cu, chunk_offsets, seg_offsets, num_seqs, recipe.segment_chunks or WHOLE_SEQUENCE),
-            prepare=(q, k, v, g, beta, *prepared, cu, chunk_offsets, tokens, num_seqs, recipe.chunks_per_seq, scale),
+            prepare=(q, k, v, g, beta, *prepared, cu, chunk_offsets, tokens, num_seqs, recipe.chunks_per_seq, scale,
+                     *((scratch.flags, recipe.sequential_programs) if recipe.hopper_prepare else ())),
             segment_state=(q, k, *prepared, final, final, o, scratch.h_local, scratch.transitions, *segments),
             combine=(initial, scratch.h_local, scratch.transitions, scratch.h_init, cu, seg_offsets, num_seqs,
                      recipe.segments_per_seq),
-            recurrence=(q, k, *prepared, h_init, final, o, final, final, *segments),
+            recurrence=(q, k, *prepared, h_init, final, o, final, final, *segments,
+                        *((scratch.flags,) if recipe.hopper_registers else ())),
         )
 
     # Every intermediate lives in one allocation passed as addresses: one torch.empty, not up to nine.
@@ -338,14 +371,23 @@ def launch_chunk_gated_delta_rule(
         return arguments(_Scratch(*recipe.workspace.views(workspace)))
 
     launches = _launches(recipe, run, spec, (recipe.spec, cu.data_ptr() & 15), cu_seqlens is not None)
+    flags = recipe.workspace.parts[_Scratch._fields.index("flags")]
+    flag_bytes = math.prod(flags.shape) * flags.dtype.itemsize
+    if recipe.concurrent:  # the ready flags start at zero
+        workspace[flags.offset:flags.offset + flag_bytes].zero_()
+        # Both kernels compiled and loaded first: the sequential pass waits for the prepare pass, whose
+        # compile or module load must not happen while it spins.
+        for launcher, grid, name, meta, key in launches:
+            launcher.warm(grid, meta, spec_key=key, tensors=lambda name=name: getattr(views(), name))
     for launcher, grid, name, meta, key in launches:
         launcher(grid, getattr(args, name), meta, spec_key=key, tensors=lambda name=name: getattr(views(), name))
     if replay is not None and not copied:
         marked = arguments(_Scratch(*(OutputPart(2, part.offset) for part in recipe.workspace.parts)), Scalar(0))
-        _programs.register(replay[0], replay[1], (o, final, workspace), 2,
-                           [Step(launcher, grid, getattr(marked, name), key)
-                            for launcher, grid, name, meta, key in launches],
-                           constants=(_unused_offsets(device),))
+        steps: list[Step | Zero] = [Step(launcher, grid, getattr(marked, name), key)
+                                    for launcher, grid, name, meta, key in launches]
+        if recipe.concurrent:
+            steps.insert(0, Zero(2, flags.offset, flag_bytes))
+        _programs.register(replay[0], replay[1], (o, final, workspace), 2, steps, constants=(_unused_offsets(device),))
     return o, final if output_final_state else None
 
 
@@ -353,11 +395,15 @@ def _launches(recipe: _Recipe, run: SimpleNamespace, spec: tuple, plan_spec: tup
               packed: bool) -> list[tuple[object, tuple[int, ...], str, dict[str, object], object]]:
     """(launcher, grid, name of its arguments in _Arguments, constexprs and options, spec_key) of each
     launch, in order: the plan kernel (packed sequences), the prepare pass, the segment passes (cut
-    sequences), the sequential pass."""
+    sequences), the sequential pass. Where the two passes run side by side the sequential pass comes
+    first and the prepare pass is its programmatic dependent (ready_flags)."""
     prepare = _hopper_prepare_launcher() if recipe.hopper_prepare else run.prepare
     sequential = (_hopper_register_launcher() if recipe.hopper_registers else _hopper_launcher() if recipe.hopper
                   else run.recurrence)
     launches = [(run.plan, (1,), "plan", recipe.plan_meta, plan_spec)] if packed else []
+    if recipe.concurrent:
+        return [(sequential, recipe.recurrence_grid, "recurrence", recipe.recurrence_meta, (spec, False)),
+                (prepare, recipe.prepare_grid, "prepare", recipe.prepare_meta, spec)]
     launches.append((prepare, recipe.prepare_grid, "prepare", recipe.prepare_meta, spec))
     if recipe.segment_chunks:
         launches += [(sequential, recipe.segment_state_grid, "segment_state", recipe.segment_state_meta, (spec, True)),
@@ -389,6 +435,8 @@ class _Recipe:
     hopper: bool  # the sequential passes run a Gluon kernel: hopper_kernels' ...
     hopper_registers: bool  # ... or hopper_register_kernels' (the state in registers; uncut sequences)
     hopper_prepare: bool  # the prepare pass runs hopper_prepare_kernels' Gluon kernel
+    concurrent: bool  # the sequential pass runs beside the prepare pass, launched first (ready_flags)
+    sequential_programs: int  # concurrent: the sequential pass's grid size (ready_flags.finish_prepare)
     workspace: Layout  # every intermediate (_Scratch)
 
 
@@ -401,15 +449,21 @@ def _recipe(
     seen: platform.Platform, block_vs: tuple[int, int], launch: tuple[int, int],
     prepare_launch: tuple[int, int], hopper_stages: tuple[tuple[int, int], ...],
     hopper_prepare: tuple[tuple[int, int | None], ...], hopper_register_stages: tuple[tuple[int, int], ...],
-    hopper_register_pairs: tuple[tuple[int, int], ...], combine_launch: tuple[tuple[str, int], ...],
+    hopper_register_pairs: tuple[tuple[int, int], ...], hopper_concurrent: tuple[int, ...],
+    combine_launch: tuple[tuple[str, int], ...],
 ) -> _Recipe:
     batch, tokens, heads, key_dim = q_shape
     value_heads, value_dim = v_shape[2], v_shape[3]
     varlen, total = cu_dtype is not None, batch * tokens
     on_hopper = hopper_pass(seen, dtype, key_dim)
-    plan = plan_segments(num_seqs, total, value_heads, platform.sm_count(device), num_segments, key_dim=key_dim,
+    caps = dict(hopper_prepare)
+    gluon_prepare = key_dim in caps and on_hopper
+    beside = gluon_prepare and not varlen and key_dim in hopper_concurrent and concurrent_passes_allowed()
+    sm_count = platform.sm_count(device)
+    plan = plan_segments(num_seqs, total, value_heads, sm_count, num_segments, key_dim=key_dim,
                          value_dim=value_dim, register_tiles=dict(hopper_register_stages) if on_hopper else (),
-                         register_pairs=dict(hopper_register_pairs) if on_hopper else ())
+                         register_pairs=dict(hopper_register_pairs) if on_hopper else (),
+                         concurrent_tiles=dict(hopper_register_stages) if beside else ())
     segment_chunks = plan.segment_chunks if plan.segments > 1 else 0
     block_k, block_v = _block(key_dim), plan.block_v * plan.warpgroups
     precision = guards.dot_precision(fp32_inputs=dtype == torch.float32)
@@ -448,15 +502,19 @@ def _recipe(
     hopper_registers = hopper and register_stages is not None
     if hopper:
         recurrence_tail = {"STAGES": stages, "num_warps": 4 * plan.warpgroups}
+    if hopper_registers:
+        recurrence_tail["AWAIT"] = plan.concurrent
     prepare_tail = {"num_warps": prep_warps, "num_stages": 1}
-    caps = dict(hopper_prepare)
-    gluon_prepare = key_dim in caps and on_hopper
     if gluon_prepare:
-        prepare_tail = {"num_warps": 4, **({"maxnreg": caps[key_dim]} if caps[key_dim] else {})}
+        # Beside the sequential pass: its programmatic dependent, started once every sequential program
+        # has (ready_flags.launch_dependents), on the SMs they left.
+        prepare_tail = {"CONCURRENT": plan.concurrent, "num_warps": 4,
+                        **({"maxnreg": caps[key_dim]} if caps[key_dim] else {}),
+                        **({"launch_pdl": True} if plan.concurrent else {})}
     return _Recipe(
         spec=(q_shape, v_shape, dtype, cu_dtype, num_seqs, has_initial, output_final_state, l2norm, num_segments,
               device, seen, block_vs, launch, prepare_launch, hopper_stages, hopper_prepare, hopper_register_stages,
-              hopper_register_pairs, combine_launch),
+              hopper_register_pairs, hopper_concurrent, combine_launch),
         chunks_per_seq=chunks_per_seq, segment_chunks=segment_chunks,
         segments_per_seq=segments_per_seq, max_segments=max_segments, segment_tokens=segment_tokens,
         plan_meta={"BT": CHUNK, "BLOCK": 1024, "num_warps": 4, "num_stages": 1},
@@ -478,8 +536,10 @@ def _recipe(
         hopper=hopper,
         hopper_registers=hopper_registers,
         hopper_prepare=gluon_prepare,
+        concurrent=plan.concurrent,
+        sequential_programs=value_tiles * max_segments * value_heads if plan.concurrent else 0,
         workspace=_workspace(total, value_heads, key_dim, value_dim, dtype, num_seqs, varlen, max_segments,
-                             bool(segment_chunks)),
+                             bool(segment_chunks), max_chunks * value_heads + 2 if plan.concurrent else 0),
     )
 
 
@@ -498,6 +558,7 @@ class _Scratch(NamedTuple):
     h_local: object  # cut sequences only: each segment's state from a zero start
     transitions: object  # cut sequences only: each segment's K x K state transition
     h_init: object  # cut sequences only: each segment's state at its start (the combine kernel's)
+    flags: object  # concurrent passes only: each (chunk, value head)'s ready flag, the two done counters
 
 
 class _Arguments(NamedTuple):
@@ -509,7 +570,7 @@ class _Arguments(NamedTuple):
 
 
 def _workspace(total: int, value_heads: int, key_dim: int, value_dim: int, dtype: torch.dtype, num_seqs: int,
-               varlen: bool, max_segments: int, segmented: bool) -> Layout:
+               varlen: bool, max_segments: int, segmented: bool, flags: int) -> Layout:
     """The parts of ``_Scratch``; those a class of call does not use are empty."""
     offsets = (num_seqs + 1,) if varlen else (0,)
     segments = max_segments if segmented else 0
@@ -521,4 +582,5 @@ def _workspace(total: int, value_heads: int, key_dim: int, value_dim: int, dtype
         ((segments, value_heads, key_dim, value_dim), torch.float32),
         ((segments, value_heads, key_dim, key_dim), torch.float32),
         ((segments, value_heads, key_dim, value_dim), torch.float32),
+        ((flags,), torch.int32),
     ])

@@ -135,26 +135,41 @@ for _name, _segment_state, _block_v in (
         allowed=_on_hopper, platform_constexprs=_precision,
         options={"num_warps": 4},
     ))
-# The Gluon prepare pass (sm_90 only: wgmma), with the register cap the launcher gives it at K = 128.
+# The Gluon prepare pass (sm_90 only: wgmma), with the register cap the launcher gives it at K = 128;
+# also its form that raises each chunk's ready flag for a sequential pass running beside it
+# (launch._recipe's concurrent; one sequence per batch row).
 _PREPARE_CAP = HOPPER_PREPARE.get(128)
-register(KernelSpec(
-    name="gdn_prepare_hopper", module="polykernels.gated_delta_rule.hopper_prepare_kernels",
-    function="gdn_prepare_hopper_kernel", signature=_PREPARE_SIGNATURE,
-    constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV},
-    allowed=_on_hopper, platform_constexprs=functools.partial(_prepare_precision, False),
-    options={"num_warps": 4, **({"maxnreg": _PREPARE_CAP} if _PREPARE_CAP else {})},
-))
+for _name, _concurrent in (("gdn_prepare_hopper", False), ("gdn_prepare_hopper_concurrent", True)):
+    register(KernelSpec(
+        name=_name, module="polykernels.gated_delta_rule.hopper_prepare_kernels",
+        function="gdn_prepare_hopper_kernel",
+        signature={**{name: kind for name, kind in _PREPARE_SIGNATURE.items() if kind != "constexpr"},
+                   "FLAGS": "*i32", "SEQUENTIAL_PROGRAMS": "i32",
+                   **{name: kind for name, kind in _PREPARE_SIGNATURE.items() if kind == "constexpr"},
+                   "CONCURRENT": "constexpr"},
+        constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV,
+                    "VARLEN": not _concurrent, "CONCURRENT": _concurrent},
+        allowed=_on_hopper, platform_constexprs=functools.partial(_prepare_precision, False),
+        options={"num_warps": 4, **({"maxnreg": _PREPARE_CAP} if _PREPARE_CAP else {})},
+    ))
 # The Gluon sequential pass with the state in registers (sm_90 only), at its one V tile (64 columns);
 # uncut sequences only (launch._recipe), so no segment-state form.
-# Also its two-warpgroup form (two neighbouring V tiles per program).
-for _name, _warpgroups, _stages in (("gdn_recurrence_hopper_rs", 1, HOPPER_REGISTER_STAGES[_WIDE_BV]),
-                                    ("gdn_recurrence_hopper_rs_pair", 2, HOPPER_REGISTER_PAIRS[_WIDE_BV])):
+# Also its two-warpgroup form (two neighbouring V tiles per program), and the form that waits for
+# each chunk's ready flag beside the prepare pass (one sequence per batch row: no packed sequences).
+_RS_SIGNATURE = {**{name: kind for name, kind in _RECURRENCE_SIGNATURE.items() if kind != "constexpr"},
+                 "FLAGS": "*i32", **{name: kind for name, kind in _RECURRENCE_SIGNATURE.items() if kind == "constexpr"},
+                 "STAGES": "constexpr", "AWAIT": "constexpr"}
+for _name, _warpgroups, _stages, _await in (
+    ("gdn_recurrence_hopper_rs", 1, HOPPER_REGISTER_STAGES[_WIDE_BV], False),
+    ("gdn_recurrence_hopper_rs_pair", 2, HOPPER_REGISTER_PAIRS[_WIDE_BV], False),
+    ("gdn_recurrence_hopper_rs_concurrent", 1, HOPPER_REGISTER_STAGES[_WIDE_BV], True),
+):
     register(KernelSpec(
         name=_name, module="polykernels.gated_delta_rule.hopper_register_kernels",
-        function="gdn_recurrence_hopper_rs_kernel", signature={**_RECURRENCE_SIGNATURE, "STAGES": "constexpr"},
+        function="gdn_recurrence_hopper_rs_kernel", signature=_RS_SIGNATURE,
         constexprs={**_SHAPE, "V": 128, "BV": _warpgroups * _WIDE_BV, "NV": 128 // (_warpgroups * _WIDE_BV),
-                    "VARLEN": True, "LOG_N": 4, "HAS_INITIAL": True, "SEGMENT_STATE": False, "STORE_FINAL": True,
-                    "STAGES": _stages},
+                    "VARLEN": not _await, "LOG_N": 4, "HAS_INITIAL": True, "SEGMENT_STATE": False, "STORE_FINAL": True,
+                    "STAGES": _stages, "AWAIT": _await},
         allowed=_on_hopper, platform_constexprs=_precision,
         options={"num_warps": 4 * _warpgroups},
     ))

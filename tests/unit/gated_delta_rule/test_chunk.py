@@ -202,7 +202,57 @@ def _sm90_recipe(monkeypatch: pytest.MonkeyPatch, batch: int, tokens: int, heads
         batch, False, True, False, num_segments, torch.device("cpu"), seen, launch.RECURRENCE_BLOCK_V[128],
         launch.RECURRENCE_LAUNCH[128], launch.PREPARE_LAUNCH[128], tuple(launch.HOPPER_STAGES.items()),
         tuple(launch.HOPPER_PREPARE.items()), tuple(launch.HOPPER_REGISTER_STAGES.items()),
-        tuple(launch.HOPPER_REGISTER_PAIRS.items()), tuple(launch.COMBINE_LAUNCH.items()))
+        tuple(launch.HOPPER_REGISTER_PAIRS.items()), tuple(sorted(launch.HOPPER_CONCURRENT)),
+        tuple(launch.COMBINE_LAUNCH.items()))
+
+
+def test_segment_plan_runs_the_passes_side_by_side_where_wide_tiles_leave_half_the_sms() -> None:
+    from polykernels.gated_delta_rule.launch import CONCURRENT_MIN_CHUNKS, plan_segments
+
+    beside = {"register_tiles": (64,), "concurrent_tiles": (64,)}
+    b1 = plan_segments(1, 32768, 32, 132, **beside)  # 64 programs of 64 columns, 68 SMs for the prepare pass
+    assert (b1.concurrent, b1.block_v, b1.segments, b1.warpgroups) == (True, 64, 1, 1)
+    assert "64 sequential programs (N x HV x V/64) on SMs of their own beside the prepare pass on the other 68" in (
+        b1.reason)
+    assert not plan_segments(1, 32768, 32, 132, register_tiles=(64,)).concurrent  # no concurrent form
+    assert not plan_segments(1, 32768, 32, 120, **beside).concurrent  # 64 programs would take over half of 120 SMs
+    assert not plan_segments(8, 8 * 4096, 32, 132, **beside).concurrent  # 512 programs: they fill the GPU
+    assert not plan_segments(1, 65536, 8, 132, **beside).concurrent  # thin: cut into segments as before
+    assert not plan_segments(1, 32768, 32, 132, num_segments=1, **beside).concurrent  # a forced plan is kept
+    short = (CONCURRENT_MIN_CHUNKS - 1) * 64
+    assert not plan_segments(1, short, 32, 132, **beside).concurrent
+    assert plan_segments(1, short + 64, 32, 132, **beside).concurrent
+
+
+def test_concurrent_recipe_launches_the_prepare_pass_as_the_flag_waiting_sequential_passs_dependent(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from polykernels.gated_delta_rule import launch
+
+    monkeypatch.delenv("CUDA_LAUNCH_BLOCKING", raising=False)
+    monkeypatch.delenv("CUDA_INJECTION64_PATH", raising=False)
+    recipe = _sm90_recipe(monkeypatch, 1, 32768, 32, 32, None)
+    assert recipe.concurrent and recipe.hopper_registers and recipe.hopper_prepare
+    assert recipe.prepare_meta["CONCURRENT"] and recipe.prepare_meta["launch_pdl"]  # the dependent launch
+    assert recipe.recurrence_grid == (2, 1, 32) and recipe.recurrence_meta["AWAIT"]
+    assert "launch_pdl" not in recipe.recurrence_meta
+    flags = recipe.workspace.parts[launch._Scratch._fields.index("flags")]
+    assert flags.shape == (512 * 32 + 2,) and flags.dtype == torch.int32  # a flag per (chunk, head), two counters
+    assert recipe.sequential_programs == 64
+    order = [name for _, _, name, _, _ in launch._launches(recipe, launch._launchers(), (), (), False)]
+    assert order == ["recurrence", "prepare"]
+    serial = _sm90_recipe(monkeypatch, 8, 4096, 32, 32, None)
+    assert not serial.concurrent and not serial.prepare_meta["CONCURRENT"] and not serial.recurrence_meta["AWAIT"]
+    assert "launch_pdl" not in serial.prepare_meta
+    assert serial.workspace.parts[launch._Scratch._fields.index("flags")].shape == (0,)
+    for variable, value in (("CUDA_LAUNCH_BLOCKING", "1"), ("CUDA_INJECTION64_PATH", "/a/profiler.so")):
+        with monkeypatch.context() as env:  # launches that run one after the other: never side by side
+            env.setenv(variable, value)
+            launch._recipe.cache_clear()
+            assert not _sm90_recipe(monkeypatch, 1, 32768, 32, 32, None).concurrent
+    launch._recipe.cache_clear()
+    monkeypatch.setattr(launch, "HOPPER_CONCURRENT", frozenset())  # an empty table turns it off
+    off = _sm90_recipe(monkeypatch, 1, 32768, 32, 32, None)
+    assert not off.concurrent and off.recurrence_meta["BV"] == 32
 
 
 @pytest.mark.parametrize(("value_heads", "num_segments", "registers"), [
@@ -213,6 +263,7 @@ def test_register_state_pass_runs_uncut_wide_tiles_on_sm90(monkeypatch: pytest.M
     # cut sequences (beside the segment passes it was slower) and narrow tiles keep hopper_kernels'.
     from polykernels.gated_delta_rule import launch
 
+    monkeypatch.setattr(launch, "HOPPER_CONCURRENT", frozenset())  # 1 x 8192 x 32 heads would run side by side
     recipe = _sm90_recipe(monkeypatch, 1, 8192, value_heads // 4, value_heads, num_segments)
     assert recipe.hopper and recipe.hopper_registers is registers
     assert recipe.recurrence_meta["BV"] == (64 if registers or num_segments else 32)
@@ -546,6 +597,109 @@ def test_gpu_hopper_pass_matches_the_portable_pass(gpu_device: str, monkeypatch:
                                                                                  -(-value_dim // 64), 4), runs
 
 
+def serial_at_64(launch, call):
+    """The concurrent form's oracle: the same two kernels one after the other at the same 64-column
+    tile (a forced uncut plan; the table without a concurrent entry). Replaces the two tables."""
+    launch.RECURRENCE_BLOCK_V = {**launch.RECURRENCE_BLOCK_V, 128: (64, 64)}
+    launch.HOPPER_CONCURRENT = frozenset()
+    return call(num_segments=1)
+
+
+def ran_side_by_side(launch) -> bool:
+    """The prepare pass was compiled for a programmatic-dependent launch (the concurrent form)."""
+    kernels = launch._hopper_prepare_launcher()._kernels.values()
+    return any(getattr(kernel.metadata, "launch_pdl", False) for kernel in kernels)
+
+
+def _concurrent_programs(monkeypatch: pytest.MonkeyPatch) -> list:
+    """The steps of every launch program registered from now on."""
+    from polykernels import _programs
+
+    registered, register = [], _programs.register
+    monkeypatch.setattr(_programs, "register", lambda *args, **kwargs: registered.append(args[4]) or register(*args,
+                                                                                                                **kwargs))
+    return registered
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("batch", "tokens", "value_heads"), [(1, 8192 + 37, 32), (2, 8192, 16)],
+                         ids=["B1-tail-chunk", "B2"])
+def test_gpu_passes_side_by_side_match_them_one_after_the_other(gpu_device: str, monkeypatch: pytest.MonkeyPatch,
+                                                                batch: int, tokens: int, value_heads: int) -> None:
+    # The register-state pass and the prepare pass at once (the second the first's programmatic
+    # dependent, ready flags between them) against the same two kernels one after the other: every
+    # bit of o and the final state, from the Python path, the replayed launch program and a CUDA graph.
+    if torch.cuda.get_device_capability(gpu_device) != (9, 0):
+        pytest.skip("the passes run side by side on sm_90 only")
+    from polykernels import _programs, platform
+    from polykernels._programs import Zero
+    from polykernels.gated_delta_rule import launch
+
+    if 2 * batch * value_heads * 2 > platform.sm_count(torch.device(gpu_device)):
+        pytest.skip("this GPU has too few SMs for the sequential programs to leave half of them")
+    inputs = make_inputs(batch, tokens, 8, value_heads, 128, 128, torch.bfloat16, device=gpu_device)
+    h0 = torch.randn(batch, value_heads, 128, 128, device=gpu_device)
+    registered = _concurrent_programs(monkeypatch)
+
+    def call(num_segments=None):
+        return launch_chunk_gated_delta_rule(*inputs, 128**-0.5, h0, True, None, False, num_segments)
+
+    def public():
+        return chunk_gated_delta_rule(*inputs, initial_state=h0, output_final_state=True)
+
+    first, replayed = public(), public()
+    if _programs.enabled():  # the flags zeroed, the sequential pass, the prepare pass as its dependent
+        (steps,) = registered
+        assert isinstance(steps[0], Zero) and len(steps) == 3
+        assert steps[2].launcher.described(steps[2].spec_key).dependent
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        captured = public()
+    graph.replay()
+    with monkeypatch.context() as tables:
+        for name in ("RECURRENCE_BLOCK_V", "HOPPER_CONCURRENT"):
+            tables.setattr(launch, name, getattr(launch, name))  # restored after serial() replaces them
+        want = serial_at_64(launch, call)
+    assert ran_side_by_side(launch)
+    for got in (first, replayed, captured):
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.gpu
+def test_gpu_passes_run_one_after_the_other_when_the_device_serializes_launches(gpu_device: str) -> None:
+    # CUDA_LAUNCH_BLOCKING=1 runs every launch to its end before the next: the sequential pass, which
+    # waits for the flags of the prepare pass launched after it, would wait for ever. The plan keeps
+    # the passes apart there (the call finishes, with the bits of the serial plan), in a shape that
+    # runs them side by side otherwise.
+    if torch.cuda.get_device_capability(gpu_device) != (9, 0):
+        pytest.skip("the passes run side by side on sm_90 only")
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import torch\n"
+        "from polykernels.gated_delta_rule import launch\n"
+        "from polykernels.gated_delta_rule.launch import launch_chunk_gated_delta_rule\n"
+        "from tests.unit.gated_delta_rule.test_chunk import make_inputs, ran_side_by_side\n"
+        "inputs = make_inputs(1, 8192, 8, 32, 128, 128, torch.bfloat16, device='cuda')\n"
+        "def call():\n"
+        "    return launch_chunk_gated_delta_rule(*inputs, 128**-0.5, None, True, None, False)\n"
+        "got = call()\n"
+        "side_by_side = ran_side_by_side(launch)\n"
+        "launch.HOPPER_CONCURRENT = frozenset()\n"
+        "want = call()\n"
+        "print('side by side', side_by_side, 'equal', all(torch.equal(a, b) for a, b in zip(got, want)))\n"
+    )
+    env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert done.returncode == 0 and "side by side False equal True" in done.stdout, (done.stdout,
+                                                                                     done.stderr[-2000:])
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(("tokens", "key_dim", "value_dim", "lengths", "dtype", "l2norm"), [
     (3000, 128, 128, None, torch.bfloat16, True),
@@ -625,9 +779,10 @@ def test_gpu_eager_calls_with_one_cu_seqlens_synchronize_once(gpu_device: str) -
 @pytest.mark.gpu
 @pytest.mark.slow
 def test_gpu_offsets_past_2_pow_31_elements(gpu_device: str) -> None:
-    # HV = 32, K = V = 128: q, k, v and o pass 2^31 elements beyond 524,288 tokens, on the
-    # segmented (context-parallel) path. The oracle needs no dense reference: the same sequence
-    # in pieces chained through final_state -> initial_state must give the same output and state.
+    # HV = 32, K = V = 128: q, k, v and o pass 2^31 elements beyond 524,288 tokens, on the whole,
+    # segmented (context-parallel), wide-tile and planned paths (on sm_90 the last runs the two passes
+    # side by side). The oracle needs no dense reference: the same sequence in pieces chained through
+    # final_state -> initial_state must give the same output and state.
     from benchmarks.gdn_large_index import run_large_index_check
 
     result = run_large_index_check(device=gpu_device)
@@ -646,7 +801,8 @@ def test_kernels_compile_for_amd(target: str) -> None:
     names = [name for name in family if kernels()[name].allowed_on(target)]
     assert set(family) - set(names) == {"gdn_recurrence_hopper", "gdn_segment_state_hopper", "gdn_prepare_hopper",
                                         "gdn_recurrence_hopper_wide", "gdn_segment_state_hopper_wide",
-                                        "gdn_recurrence_hopper_rs", "gdn_recurrence_hopper_rs_pair"}
+                                        "gdn_recurrence_hopper_rs", "gdn_recurrence_hopper_rs_pair",
+                                        "gdn_prepare_hopper_concurrent", "gdn_recurrence_hopper_rs_concurrent"}
     assert set(names) == {"gdn_plan", "gdn_prepare", "gdn_recurrence", "gdn_segment_state", "gdn_combine",
                           "gdn_recurrence_fp32", "gdn_prepare_fp32"}
     for kernel in names:

@@ -1,0 +1,156 @@
+"""Per-chunk ready flags between two Gluon kernels that run at the same time (sm_90).
+
+When the gated delta rule's two passes overlap (``launch._recipe``'s ``concurrent``), the
+sequential pass is launched first and the prepare pass second, as its programmatic dependent
+(``launch_pdl``): every sequential program says so at its start (``launch_dependents``), so the
+prepare programs start at once on the SMs the sequential ones leave. The prepare pass raises one
+flag per (chunk, value head) once that chunk's w, u, scores and scales are stored, and the
+sequential pass waits for a chunk's flag before it copies the chunk in. The flags are zeroed before
+both (a memset in the same launch sequence) and are 32-bit; two counters follow them (prepare
+programs done, sequential programs done): the prepare pass, the later launch, must also be the one
+that ends last (``finish_prepare``), or a kernel after the op that waits only for the launch before
+it (a programmatic dependent) could read o before the sequential pass has written it.
+
+Release and acquire at GPU scope, as CUDA's grid-wide barriers do it: every thread of the producer
+has stored its part, a CTA barrier, then one thread's fence and flag store; on the consumer's side
+every thread reads the flag with acquire semantics before it issues the copies that read what the
+flag covers.
+
+The sequential pass waits for a launch queued after its own: a process whose launches run one after
+the other would wait for ever. The plan keeps the passes apart there (``launch.concurrent_passes_allowed``:
+CUDA_LAUNCH_BLOCKING=1, a tool injected into the CUDA runtime such as Nsight Compute or
+compute-sanitizer). Should a flag still not be raised after ``TIMEOUT_NS``, the waiting program traps
+(a launch failure the caller sees) rather than spin for ever.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+TIMEOUT_NS = 10_000_000_000
+
+# Each thread: one acquire load; only a flag not yet raised takes the loop (sleeping between reads,
+# so waiting programs leave L2 to the prepare pass), with the trap past the timeout.
+_AWAIT_ASM = gl.constexpr(f"""{{
+.reg .pred ready, late;
+.reg .b32 flag;
+.reg .u64 start, now;
+ld.acquire.gpu.global.b32 flag, [$1];
+setp.ne.b32 ready, flag, 0;
+@ready bra PK_READY;
+mov.u64 start, %globaltimer;
+PK_RETRY:
+nanosleep.u32 256;
+ld.acquire.gpu.global.b32 flag, [$1];
+setp.ne.b32 ready, flag, 0;
+@ready bra PK_READY;
+mov.u64 now, %globaltimer;
+sub.u64 now, now, start;
+setp.gt.u64 late, now, {TIMEOUT_NS};
+@late trap;
+bra PK_RETRY;
+PK_READY:
+mov.b32 $0, flag;
+}}""")
+
+
+# One thread releases the flag for the whole program, after the barrier that every thread's stores
+# precede (CUDA's grid barrier does the same): the other warps go on to the next chunk meanwhile.
+_RAISE_ASM = gl.constexpr("""{
+.reg .pred first;
+.reg .b32 thread;
+mov.u32 thread, %tid.x;
+setp.eq.u32 first, thread, 0;
+@first fence.acq_rel.gpu;
+@first st.relaxed.gpu.global.b32 [$1], 1;
+mov.b32 $0, 0;
+}""")
+
+
+@gluon.jit
+def raise_flag(flag_ptr):
+    """Called by every thread once its stores of what the flag covers are issued."""
+    gl.thread_barrier()
+    gl.inline_asm_elementwise(_RAISE_ASM, "=r,l", [flag_ptr + _per_thread_zeros()], dtype=gl.int32, is_pure=False,
+                              pack=1)
+
+
+@gluon.jit
+def _per_thread_zeros():
+    layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32],
+                                            warps_per_cta=[gl.num_warps()], order=[0])
+    return gl.zeros([32 * gl.num_warps()], gl.int32, layout=layout)
+
+
+@gluon.jit
+def await_flag(flag_ptr):
+    """Returns once the flag is raised; every thread reads it (acquire), so each thread's later
+    copies see what the producer stored before raising it."""
+    gl.inline_asm_elementwise(_AWAIT_ASM, "=r,l", [flag_ptr + _per_thread_zeros()], dtype=gl.int32, is_pure=False,
+                              pack=1)
+
+
+@gluon.jit
+def launch_dependents():
+    """Lets the launch that depends on this one programmatically (the sequential pass) start now."""
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
+                              pack=1)
+
+
+# The prepare pass's last program (by the count of programs done) stays until every sequential
+# program has counted itself done: the prepare pass then ends after the sequential pass's stores,
+# so whatever follows the op (a kernel that waits only for the launch before it, as a programmatic
+# dependent does) sees them. Thread 0 only; the trap as in _AWAIT_ASM.
+_LAST_ASM = gl.constexpr(f"""{{
+.reg .pred first, last, ready, late;
+.reg .b32 thread, old, done;
+.reg .u64 start, now;
+mov.u32 thread, %tid.x;
+setp.eq.u32 first, thread, 0;
+@!first bra PK_END;
+atom.acq_rel.gpu.global.add.u32 old, [$1], 1;
+setp.eq.u32 last, old, $3;
+@!last bra PK_END;
+mov.u64 start, %globaltimer;
+PK_WAIT:
+ld.acquire.gpu.global.u32 done, [$2];
+setp.ge.u32 ready, done, $4;
+@ready bra PK_END;
+nanosleep.u32 256;
+mov.u64 now, %globaltimer;
+sub.u64 now, now, start;
+setp.gt.u64 late, now, {TIMEOUT_NS};
+@late trap;
+bra PK_WAIT;
+PK_END:
+mov.b32 $0, 0;
+}}""")
+
+# A sequential program's last stores are done: thread 0 counts it (release) after the barrier.
+_DONE_ASM = gl.constexpr("""{
+.reg .pred first;
+.reg .b32 thread;
+mov.u32 thread, %tid.x;
+setp.eq.u32 first, thread, 0;
+@first red.release.gpu.global.add.u32 [$1], 1;
+mov.b32 $0, 0;
+}""")
+
+
+@gluon.jit
+def finish_prepare(prepare_done_ptr, sequential_done_ptr, prepare_programs, sequential_programs):
+    """Called by every thread of a prepare program after its last flag: the last program to get here
+    waits for every sequential program's ``finish_sequential``."""
+    zeros = _per_thread_zeros()
+    gl.inline_asm_elementwise(_LAST_ASM, "=r,l,l,r,r", [prepare_done_ptr + zeros, sequential_done_ptr + zeros,
+                                                        prepare_programs - 1 + zeros, sequential_programs + zeros],
+                              dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def finish_sequential(sequential_done_ptr):
+    """Called by every thread of a sequential program after its last stores."""
+    gl.thread_barrier()
+    gl.inline_asm_elementwise(_DONE_ASM, "=r,l", [sequential_done_ptr + _per_thread_zeros()], dtype=gl.int32,
+                              is_pure=False, pack=1)
