@@ -265,8 +265,14 @@ def concurrent_passes_allowed() -> bool:
     prepare pass, launched after it, so a process whose launches run one after the other would wait
     for ever (ready_flags traps after a timeout instead). CUDA_LAUNCH_BLOCKING=1 does that, and so do
     the tools that inject themselves into the CUDA runtime to replay or check kernels one at a time
-    (Nsight Compute, compute-sanitizer: CUDA_INJECTION64_PATH)."""
-    return os.environ.get("CUDA_LAUNCH_BLOCKING", "0") in ("", "0") and not os.environ.get("CUDA_INJECTION64_PATH")
+    (Nsight Compute, compute-sanitizer: CUDA_INJECTION64_PATH). Under an MPS share of the SMs
+    (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) the device's SM count overstates what the programs get, and
+    the prepare pass would start only once every sequential program has. POLYKERNELS_GDN_CONCURRENT=0
+    turns it off."""
+    environ = os.environ
+    return (environ.get("CUDA_LAUNCH_BLOCKING", "0") in ("", "0") and not environ.get("CUDA_INJECTION64_PATH")
+            and not environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+            and environ.get("POLYKERNELS_GDN_CONCURRENT", "1") != "0")
 
 
 def combine_operator_block(block_k: int, whole_k: int) -> int:

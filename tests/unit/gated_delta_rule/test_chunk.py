@@ -228,8 +228,9 @@ def test_concurrent_recipe_launches_the_prepare_pass_as_the_flag_waiting_sequent
         monkeypatch: pytest.MonkeyPatch) -> None:
     from polykernels.gated_delta_rule import launch
 
-    monkeypatch.delenv("CUDA_LAUNCH_BLOCKING", raising=False)
-    monkeypatch.delenv("CUDA_INJECTION64_PATH", raising=False)
+    for variable in ("CUDA_LAUNCH_BLOCKING", "CUDA_INJECTION64_PATH", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+                     "POLYKERNELS_GDN_CONCURRENT"):
+        monkeypatch.delenv(variable, raising=False)
     recipe = _sm90_recipe(monkeypatch, 1, 32768, 32, 32, None)
     assert recipe.concurrent and recipe.hopper_registers and recipe.hopper_prepare
     assert recipe.prepare_meta["CONCURRENT"] and recipe.prepare_meta["launch_pdl"]  # the dependent launch
@@ -244,7 +245,8 @@ def test_concurrent_recipe_launches_the_prepare_pass_as_the_flag_waiting_sequent
     assert not serial.concurrent and not serial.prepare_meta["CONCURRENT"] and not serial.recurrence_meta["AWAIT"]
     assert "launch_pdl" not in serial.prepare_meta
     assert serial.workspace.parts[launch._Scratch._fields.index("flags")].shape == (0,)
-    for variable, value in (("CUDA_LAUNCH_BLOCKING", "1"), ("CUDA_INJECTION64_PATH", "/a/profiler.so")):
+    for variable, value in (("CUDA_LAUNCH_BLOCKING", "1"), ("CUDA_INJECTION64_PATH", "/a/profiler.so"),
+                            ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "50"), ("POLYKERNELS_GDN_CONCURRENT", "0")):
         with monkeypatch.context() as env:  # launches that run one after the other: never side by side
             env.setenv(variable, value)
             launch._recipe.cache_clear()
