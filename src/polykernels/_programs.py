@@ -73,8 +73,6 @@ class Zero:
     nbytes: int
 
 
-
-
 @functools.cache
 def _ops() -> tuple[Callable[..., Any], Callable[..., Any]] | None:
     """(register, run) of the extension, or None where replay cannot run."""

@@ -56,7 +56,7 @@ mov.b32 $0, flag;
 
 
 # One thread releases the flag for the whole program, after the barrier that every thread's stores
-# precede (CUDA's grid barrier does the same): the other warps go on to the next chunk meanwhile.
+# precede (CUDA's grid barrier does the same).
 _RAISE_ASM = gl.constexpr("""{
 .reg .pred first;
 .reg .b32 thread;
@@ -93,7 +93,7 @@ def await_flag(flag_ptr):
 
 @gluon.jit
 def launch_dependents():
-    """Lets the launch that depends on this one programmatically (the sequential pass) start now."""
+    """Lets the launch that depends on this one programmatically (the prepare pass) start now."""
     gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False,
                               pack=1)
 
