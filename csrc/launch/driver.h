@@ -17,23 +17,6 @@ namespace polykernels::driver {
 using LaunchKernelFn = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                pk_stream_t, void**, void**);
 
-#if !defined(__HIPCC__)
-using LaunchKernelExFn = int (*)(const CUlaunchConfig*, void*, void**, void**);
-
-// cuLaunchKernelEx, for programmatic-dependent launches; nullptr when the driver does not have it.
-inline LaunchKernelExFn launch_kernel_ex_fn() {
-  static const LaunchKernelExFn fn = [] {
-    void* symbol = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    const cudaError_t error =
-        cudaGetDriverEntryPointByVersion("cuLaunchKernelEx", &symbol, 12000, cudaEnableDefault, &found);
-    const bool ok = error == cudaSuccess && found == cudaDriverEntryPointSuccess && symbol != nullptr;
-    return ok ? reinterpret_cast<LaunchKernelExFn>(symbol) : nullptr;
-  }();
-  return fn;
-}
-#endif
-
 // CUDA_ERROR_INVALID_CONTEXT: a thread that has not touched the device through the runtime yet.
 constexpr int kInvalidContext = 201;
 // Returned by launch() when the driver has no kernel launch to give (not a driver error code).
@@ -44,17 +27,27 @@ inline LaunchKernelFn launch_kernel_fn() {
   return reinterpret_cast<LaunchKernelFn>(&hipModuleLaunchKernel);
 }
 #else
-// Through the runtime's entry-point query: the extension links libcudart only, not libcuda.
-// nullptr when the driver does not have it.
+using LaunchKernelExFn = int (*)(const CUlaunchConfig*, void*, void**, void**);
+
+// A driver function through the runtime's entry-point query (the extension links libcudart only, not
+// libcuda); nullptr when the driver does not have it.
+template <typename Fn>
+Fn driver_function(const char* name) {
+  void* symbol = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  const cudaError_t error = cudaGetDriverEntryPointByVersion(name, &symbol, 12000, cudaEnableDefault, &found);
+  const bool ok = error == cudaSuccess && found == cudaDriverEntryPointSuccess && symbol != nullptr;
+  return ok ? reinterpret_cast<Fn>(symbol) : nullptr;
+}
+
 inline LaunchKernelFn launch_kernel_fn() {
-  static const LaunchKernelFn fn = [] {
-    void* symbol = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    const cudaError_t error =
-        cudaGetDriverEntryPointByVersion("cuLaunchKernel", &symbol, 12000, cudaEnableDefault, &found);
-    const bool ok = error == cudaSuccess && found == cudaDriverEntryPointSuccess && symbol != nullptr;
-    return ok ? reinterpret_cast<LaunchKernelFn>(symbol) : nullptr;
-  }();
+  static const LaunchKernelFn fn = driver_function<LaunchKernelFn>("cuLaunchKernel");
+  return fn;
+}
+
+// cuLaunchKernelEx, for programmatic-dependent launches.
+inline LaunchKernelExFn launch_kernel_ex_fn() {
+  static const LaunchKernelExFn fn = driver_function<LaunchKernelExFn>("cuLaunchKernelEx");
   return fn;
 }
 #endif

@@ -55,25 +55,29 @@ mov.b32 $0, flag;
 }}""")
 
 
+def _by_thread_zero(body: str) -> str:
+    """Inline PTX whose ``body`` runs in thread 0 only (its instructions predicated on ``first``)."""
+    return ("{\n.reg .pred first;\n.reg .b32 thread;\nmov.u32 thread, %tid.x;\nsetp.eq.u32 first, thread, 0;\n"
+            f"{body}mov.b32 $0, 0;\n}}")
+
+
 # One thread releases the flag for the whole program, after the barrier that every thread's stores
 # precede (CUDA's grid barrier does the same).
-_RAISE_ASM = gl.constexpr("""{
-.reg .pred first;
-.reg .b32 thread;
-mov.u32 thread, %tid.x;
-setp.eq.u32 first, thread, 0;
-@first fence.acq_rel.gpu;
-@first st.relaxed.gpu.global.b32 [$1], 1;
-mov.b32 $0, 0;
-}""")
+_RAISE_ASM = gl.constexpr(_by_thread_zero("@first fence.acq_rel.gpu;\n@first st.relaxed.gpu.global.b32 [$1], 1;\n"))
+# A sequential program's last stores are done: thread 0 counts it (release) after the barrier.
+_DONE_ASM = gl.constexpr(_by_thread_zero("@first red.release.gpu.global.add.u32 [$1], 1;\n"))
+
+
+@gluon.jit
+def _by_thread_zero_after_barrier(asm: gl.constexpr, pointer):
+    gl.thread_barrier()
+    gl.inline_asm_elementwise(asm, "=r,l", [pointer + _per_thread_zeros()], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
 def raise_flag(flag_ptr):
     """Called by every thread once its stores of what the flag covers are issued."""
-    gl.thread_barrier()
-    gl.inline_asm_elementwise(_RAISE_ASM, "=r,l", [flag_ptr + _per_thread_zeros()], dtype=gl.int32, is_pure=False,
-                              pack=1)
+    _by_thread_zero_after_barrier(_RAISE_ASM, flag_ptr)
 
 
 @gluon.jit
@@ -127,17 +131,6 @@ PK_END:
 mov.b32 $0, 0;
 }}""")
 
-# A sequential program's last stores are done: thread 0 counts it (release) after the barrier.
-_DONE_ASM = gl.constexpr("""{
-.reg .pred first;
-.reg .b32 thread;
-mov.u32 thread, %tid.x;
-setp.eq.u32 first, thread, 0;
-@first red.release.gpu.global.add.u32 [$1], 1;
-mov.b32 $0, 0;
-}""")
-
-
 @gluon.jit
 def finish_prepare(prepare_done_ptr, sequential_done_ptr, prepare_programs, sequential_programs):
     """Called by every thread of a prepare program after its last flag: the last program to get here
@@ -151,6 +144,4 @@ def finish_prepare(prepare_done_ptr, sequential_done_ptr, prepare_programs, sequ
 @gluon.jit
 def finish_sequential(sequential_done_ptr):
     """Called by every thread of a sequential program after its last stores."""
-    gl.thread_barrier()
-    gl.inline_asm_elementwise(_DONE_ASM, "=r,l", [sequential_done_ptr + _per_thread_zeros()], dtype=gl.int32,
-                              is_pure=False, pack=1)
+    _by_thread_zero_after_barrier(_DONE_ASM, sequential_done_ptr)
