@@ -224,7 +224,7 @@ def test_segment_plan_runs_the_passes_side_by_side_where_wide_tiles_leave_half_t
     assert plan_segments(1, short + 64, 32, 132, **beside).concurrent
 
 
-def test_concurrent_recipe_launches_the_prepare_pass_as_the_flag_waiting_sequential_passs_dependent(
+def test_concurrent_recipe_launches_the_prepare_pass_as_the_waiting_sequential_pass_dependent(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from polykernels.gated_delta_rule import launch
 
@@ -613,7 +613,7 @@ def ran_side_by_side(launch) -> bool:
     return any(getattr(kernel.metadata, "launch_pdl", False) for kernel in kernels)
 
 
-def _concurrent_programs(monkeypatch: pytest.MonkeyPatch) -> list:
+def _registered_programs(monkeypatch: pytest.MonkeyPatch) -> list:
     """The steps of every launch program registered from now on."""
     from polykernels import _programs
 
@@ -641,7 +641,7 @@ def test_gpu_passes_side_by_side_match_them_one_after_the_other(gpu_device: str,
         pytest.skip("this GPU has too few SMs for the sequential programs to leave half of them")
     inputs = make_inputs(batch, tokens, 8, value_heads, 128, 128, torch.bfloat16, device=gpu_device)
     h0 = torch.randn(batch, value_heads, 128, 128, device=gpu_device)
-    registered = _concurrent_programs(monkeypatch)
+    registered = _registered_programs(monkeypatch)
 
     def call(num_segments=None):
         return launch_chunk_gated_delta_rule(*inputs, 128**-0.5, h0, True, None, False, num_segments)
@@ -662,7 +662,7 @@ def test_gpu_passes_side_by_side_match_them_one_after_the_other(gpu_device: str,
     graph.replay()
     with monkeypatch.context() as tables:
         for name in ("RECURRENCE_BLOCK_V", "HOPPER_CONCURRENT"):
-            tables.setattr(launch, name, getattr(launch, name))  # restored after serial() replaces them
+            tables.setattr(launch, name, getattr(launch, name))  # restored after serial_at_64 replaces them
         want = serial_at_64(launch, call)
     assert ran_side_by_side(launch)
     for got in (first, replayed, captured):
