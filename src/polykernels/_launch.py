@@ -106,10 +106,7 @@ class Launcher:
             if spec_key is None:
                 raise ValueError("a launch whose arguments hold addresses (tensors=...) must pass spec_key")
             args = tensors()
-        compiled = self._launch_fitting(grid, args, meta)
-        if _is_compiled(compiled):
-            self._compiled[key] = _direct_launch(compiled, len(args), self._constexpr_tail(len(args), meta))
-            self._kernels[key] = compiled
+        self._keep(key, self._launch_fitting(grid, args, meta), args, meta)
 
     def warm(self, grid: tuple[int, ...], meta: Mapping[str, object], *, spec_key: Hashable,
              tensors: Callable[[], Sequence[object]]) -> None:
@@ -123,7 +120,10 @@ class Launcher:
         if key in self._compiled:
             return
         args = tensors()
-        compiled = self.kernel.warmup(*args, grid=grid, **meta)
+        self._keep(key, self.kernel.warmup(*args, grid=grid, **meta), args, meta)
+
+    def _keep(self, key: tuple, compiled: Any, args: Sequence[object], meta: Mapping[str, object]) -> None:
+        """The direct launch of a kernel Triton has just compiled (and loaded), for later calls of ``key``."""
         if _is_compiled(compiled):
             self._compiled[key] = _direct_launch(compiled, len(args), self._constexpr_tail(len(args), meta))
             self._kernels[key] = compiled

@@ -30,6 +30,13 @@ from triton.experimental.gluon import language as gl
 
 TIMEOUT_NS = 10_000_000_000
 
+# The waits' way out: past TIMEOUT_NS since ``start`` (%globaltimer when the wait began), trap.
+_TRAP_PAST_TIMEOUT = f"""mov.u64 now, %globaltimer;
+sub.u64 now, now, start;
+setp.gt.u64 late, now, {TIMEOUT_NS};
+@late trap;
+"""
+
 # Each thread: one acquire load; only a flag not yet raised takes the loop (sleeping between reads,
 # so waiting programs leave L2 to the prepare pass), with the trap past the timeout.
 _AWAIT_ASM = gl.constexpr(f"""{{
@@ -45,11 +52,7 @@ nanosleep.u32 256;
 ld.acquire.gpu.global.b32 flag, [$1];
 setp.ne.b32 ready, flag, 0;
 @ready bra PK_READY;
-mov.u64 now, %globaltimer;
-sub.u64 now, now, start;
-setp.gt.u64 late, now, {TIMEOUT_NS};
-@late trap;
-bra PK_RETRY;
+{_TRAP_PAST_TIMEOUT}bra PK_RETRY;
 PK_READY:
 mov.b32 $0, flag;
 }}""")
@@ -122,11 +125,7 @@ ld.acquire.gpu.global.u32 done, [$2];
 setp.ge.u32 ready, done, $4;
 @ready bra PK_END;
 nanosleep.u32 256;
-mov.u64 now, %globaltimer;
-sub.u64 now, now, start;
-setp.gt.u64 late, now, {TIMEOUT_NS};
-@late trap;
-bra PK_WAIT;
+{_TRAP_PAST_TIMEOUT}bra PK_WAIT;
 PK_END:
 mov.b32 $0, 0;
 }}""")
