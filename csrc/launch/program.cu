@@ -218,6 +218,17 @@ void program_register(std::vector<std::optional<Tensor>> tensors, std::vector<in
   }
   program->returned = static_cast<size_t>(returned);
   program->launches = decode_launches(code, tensors.size(), outputs.size());
+  for (const Launch& launch : program->launches) {
+    if (launch.op != Op::kZero) {
+      continue;
+    }
+    // Replayed calls allocate outputs of these sizes: a zero step must stay inside its output.
+    const Tensor& out = outputs[static_cast<size_t>(launch.slot)];
+    const int64_t out_bytes = out.numel() * static_cast<int64_t>(out.element_size());
+    STD_TORCH_CHECK(launch.bytes <= out_bytes && launch.offset <= out_bytes - launch.bytes,
+                    "program_register: a zero step of ", launch.bytes, " bytes from ", launch.offset,
+                    " overruns output ", launch.slot, " (", out_bytes, " bytes)");
+  }
   std::vector<int64_t> key = class_key(tensors, flags);
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);

@@ -236,9 +236,9 @@ def test_gpu_a_replayed_call_is_captured_in_a_cuda_graph(gpu_device: str, monkey
     ([1, 0, 0, 1, 1, 1, 128, 0, 1, 0, 5, 0], "names tensor 5"),
     ([1, 0, 0, 0, 1, 1, 128, 0, 0], "grid dimension 0 is 0"),
     ([1, 7], "unknown step 7"), ([1, 1, 0, 1, 1, 1, 128, 0, 0], "a dependent launch must follow a launch"),
-    ([1, 2, 5, 0, 16], "names output 5"),
+    ([1, 2, 5, 0, 16], "names output 5"), ([1, 2, 0, 8, 12], "of 12 bytes from 8 overruns output 0 \\(16 bytes\\)"),
 ], ids=["empty", "short", "unknown-source", "no-such-tensor", "zero-grid", "unknown-step", "dependent-first",
-        "zero-no-such-output"])
+        "zero-no-such-output", "zero-past-the-output"])
 def test_gpu_a_malformed_program_is_refused_by_name(gpu_device: str, code: list[int], match: str) -> None:
     if not _programs.enabled():
         pytest.fail("the extension's launch programs are not available (build the CUDA extension)")

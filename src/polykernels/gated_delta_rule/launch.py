@@ -60,7 +60,7 @@ class SegmentPlan:
 def plan_segments(
     num_seqs: int, total_tokens: int, value_heads: int, sm_count: int, num_segments: int | None = None,
     *, key_dim: int = 128, value_dim: int = 128, register_tiles: Collection[int] = (),
-    register_pairs: Collection[int] = (), concurrent_tiles: Collection[int] = (),
+    register_pairs: Collection[int] = (), concurrent_tiles: Mapping[int, int] | None = None,
 ) -> SegmentPlan:
     """The V tile and the segments per sequence, from (N, HV, T, K, V, SMs).
 
@@ -77,10 +77,10 @@ def plan_segments(
     that pass can also take two neighbouring tiles per program (two warpgroups, each chunk's tiles
     copied once for both), done for uncut sequences where the pairs still fill every SM.
     ``concurrent_tiles``: the V tiles at which that pass can run beside the prepare pass, waiting for
-    each chunk's ready flag (one sequence per batch row, launch.HOPPER_CONCURRENT): taken for uncut
-    sequences of at least CONCURRENT_MIN_CHUNKS chunks whose wide-tile programs leave at least half
-    the SMs to the prepare pass (B1 T32768 with 32 value heads: 64 programs where 32-column tiles
-    made 128 that ran after the prepare pass).
+    each chunk's ready flag (one sequence per batch row, launch.HOPPER_CONCURRENT), each with the
+    tiles one program takes there: taken for uncut sequences of at least CONCURRENT_MIN_CHUNKS chunks
+    whose wide-tile programs leave at least half the SMs to the prepare pass (B1 T32768 with 32 value
+    heads: 64 programs where 32-column tiles made 128 that ran after the prepare pass).
     """
     chunks = max(1, -(-total_tokens // num_seqs // CHUNK))
     wide, narrow = RECURRENCE_BLOCK_V[_block(key_dim)]
@@ -106,11 +106,14 @@ def plan_segments(
         why += (f"; {wide}-column V tiles: {wide_waves} wave(s) of register-state programs where {narrow}-column "
                 f"ones take {narrow_waves}")
     segments = max(1, min(segments, chunks))
-    if (segments == 1 and num_segments is None and wide in concurrent_tiles and 2 * wide_programs <= sm_count
+    group = min((concurrent_tiles or {}).get(wide, 0), -(-value_dim // wide))  # tiles per program
+    beside_programs = num_seqs * value_heads * -(-value_dim // (wide * group)) if group else 0
+    if (segments == 1 and num_segments is None and group and 2 * beside_programs <= sm_count
             and chunks >= CONCURRENT_MIN_CHUNKS):
-        return SegmentPlan(segments=1, segment_chunks=chunks, block_v=wide, concurrent=True,
-                           reason=(f"{wide_programs} sequential programs (N x HV x V/{wide}) on SMs of their own "
-                                   f"beside the prepare pass on the other {sm_count - wide_programs}: no split"))
+        return SegmentPlan(segments=1, segment_chunks=chunks, block_v=wide, concurrent=True, warpgroups=group,
+                           reason=(f"{beside_programs} sequential programs (N x HV x V/{wide * group}) on SMs of "
+                                   f"their own beside the prepare pass on the other {sm_count - beside_programs}: "
+                                   "no split"))
     pairs = num_seqs * value_heads * -(-value_dim // (2 * block_v))
     warpgroups = 1
     if (segments == 1 and block_v in register_tiles and block_v in register_pairs and value_dim > block_v
@@ -242,9 +245,10 @@ HOPPER_REGISTER_STAGES: Mapping[int, int] = types.MappingProxyType({64: 3})
 HOPPER_REGISTER_PAIRS: Mapping[int, int] = types.MappingProxyType({64: 2})
 # The two passes side by side on sm_90 (plan_segments' concurrent_tiles): the register-state programs
 # launched first, the Gluon prepare pass as their programmatic dependent on the SMs they leave, each
-# chunk's ready flag between them (ready_flags). The K of HOPPER_PREPARE it is done at (measured at
-# 128); an empty table turns it off.
-HOPPER_CONCURRENT: Collection[int] = frozenset({128})
+# chunk's ready flag between them (ready_flags). Per K of HOPPER_PREPARE it is done at (measured at
+# 128): the register-state pass's 64-column tiles per program (one warpgroup each) and its cp.async
+# stages there. An empty table turns it off.
+HOPPER_CONCURRENT: Mapping[int, tuple[int, int]] = types.MappingProxyType({128: (1, 3)})
 
 # The prepare pass on sm_90 (hopper_prepare_kernels; the inputs hopper_pass takes): per K, its register
 # cap (Triton's maxnreg; None: uncapped). At K = 128, 168 registers (24 bytes spilled) give three
@@ -331,7 +335,7 @@ def launch_chunk_gated_delta_rule(
                      RECURRENCE_LAUNCH[block_k], PREPARE_LAUNCH[max(block_k, PREPARE_MIN_BLOCK)],
                      tuple(HOPPER_STAGES.items()), tuple(HOPPER_PREPARE.items()),
                      tuple(HOPPER_REGISTER_STAGES.items()), tuple(HOPPER_REGISTER_PAIRS.items()),
-                     tuple(sorted(HOPPER_CONCURRENT)), tuple(COMBINE_LAUNCH.items()))
+                     tuple(HOPPER_CONCURRENT.items()), tuple(COMBINE_LAUNCH.items()))
     run = _launchers()
     cu = cu_seqlens if cu_seqlens is not None else _unused_offsets(device)
     initial = initial_state.float().contiguous() if initial_state is not None else final
@@ -455,7 +459,7 @@ def _recipe(
     seen: platform.Platform, block_vs: tuple[int, int], launch: tuple[int, int],
     prepare_launch: tuple[int, int], hopper_stages: tuple[tuple[int, int], ...],
     hopper_prepare: tuple[tuple[int, int | None], ...], hopper_register_stages: tuple[tuple[int, int], ...],
-    hopper_register_pairs: tuple[tuple[int, int], ...], hopper_concurrent: tuple[int, ...],
+    hopper_register_pairs: tuple[tuple[int, int], ...], hopper_concurrent: tuple[tuple[int, tuple[int, int]], ...],
     combine_launch: tuple[tuple[str, int], ...],
 ) -> _Recipe:
     batch, tokens, heads, key_dim = q_shape
@@ -464,12 +468,14 @@ def _recipe(
     on_hopper = hopper_pass(seen, dtype, key_dim)
     caps = dict(hopper_prepare)
     gluon_prepare = key_dim in caps and on_hopper
-    beside = gluon_prepare and not varlen and key_dim in hopper_concurrent and concurrent_passes_allowed()
+    beside = dict(hopper_concurrent).get(key_dim) if gluon_prepare and not varlen and concurrent_passes_allowed() \
+        else None  # (tiles per program, stages)
     sm_count = platform.sm_count(device)
     plan = plan_segments(num_seqs, total, value_heads, sm_count, num_segments, key_dim=key_dim,
                          value_dim=value_dim, register_tiles=dict(hopper_register_stages) if on_hopper else (),
                          register_pairs=dict(hopper_register_pairs) if on_hopper else (),
-                         concurrent_tiles=dict(hopper_register_stages) if beside else ())
+                         concurrent_tiles={tile: beside[0] for tile in dict(hopper_register_stages)} if beside
+                         else None)
     segment_chunks = plan.segment_chunks if plan.segments > 1 else 0
     block_k, block_v = _block(key_dim), plan.block_v * plan.warpgroups
     precision = guards.dot_precision(fp32_inputs=dtype == torch.float32)
@@ -499,6 +505,8 @@ def _recipe(
     # slower than the shared-state pass at the wide tile (BENCHMARKS.md, "thirteenth set").
     if segment_chunks:
         register_stages = None
+    elif plan.concurrent and beside:
+        register_stages = beside[1]
     elif plan.warpgroups == 2:  # the plan pairs only tiles that table holds
         register_stages = dict(hopper_register_pairs)[plan.block_v]
     else:

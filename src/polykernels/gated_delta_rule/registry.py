@@ -13,6 +13,7 @@ from polykernels import platform
 from polykernels.gated_delta_rule.guards import dot_precision, prepare_precision
 from polykernels.gated_delta_rule.launch import (
     COMBINE_LAUNCH,
+    HOPPER_CONCURRENT,
     HOPPER_PREPARE,
     HOPPER_REGISTER_PAIRS,
     HOPPER_REGISTER_STAGES,
@@ -162,7 +163,7 @@ _RS_SIGNATURE = {**{name: kind for name, kind in _RECURRENCE_SIGNATURE.items() i
 for _name, _warpgroups, _stages, _await in (
     ("gdn_recurrence_hopper_rs", 1, HOPPER_REGISTER_STAGES[_WIDE_BV], False),
     ("gdn_recurrence_hopper_rs_pair", 2, HOPPER_REGISTER_PAIRS[_WIDE_BV], False),
-    ("gdn_recurrence_hopper_rs_concurrent", 1, HOPPER_REGISTER_STAGES[_WIDE_BV], True),
+    ("gdn_recurrence_hopper_rs_concurrent", *HOPPER_CONCURRENT[128], True),
 ):
     register(KernelSpec(
         name=_name, module="polykernels.gated_delta_rule.hopper_register_kernels",

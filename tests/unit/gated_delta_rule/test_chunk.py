@@ -202,14 +202,14 @@ def _sm90_recipe(monkeypatch: pytest.MonkeyPatch, batch: int, tokens: int, heads
         batch, False, True, False, num_segments, torch.device("cpu"), seen, launch.RECURRENCE_BLOCK_V[128],
         launch.RECURRENCE_LAUNCH[128], launch.PREPARE_LAUNCH[128], tuple(launch.HOPPER_STAGES.items()),
         tuple(launch.HOPPER_PREPARE.items()), tuple(launch.HOPPER_REGISTER_STAGES.items()),
-        tuple(launch.HOPPER_REGISTER_PAIRS.items()), tuple(sorted(launch.HOPPER_CONCURRENT)),
+        tuple(launch.HOPPER_REGISTER_PAIRS.items()), tuple(launch.HOPPER_CONCURRENT.items()),
         tuple(launch.COMBINE_LAUNCH.items()))
 
 
 def test_segment_plan_runs_the_passes_side_by_side_where_wide_tiles_leave_half_the_sms() -> None:
     from polykernels.gated_delta_rule.launch import CONCURRENT_MIN_CHUNKS, plan_segments
 
-    beside = {"register_tiles": (64,), "concurrent_tiles": (64,)}
+    beside = {"register_tiles": (64,), "concurrent_tiles": {64: 1}}
     b1 = plan_segments(1, 32768, 32, 132, **beside)  # 64 programs of 64 columns, 68 SMs for the prepare pass
     assert (b1.concurrent, b1.block_v, b1.segments, b1.warpgroups) == (True, 64, 1, 1)
     assert "64 sequential programs (N x HV x V/64) on SMs of their own beside the prepare pass on the other 68" in (
@@ -222,6 +222,12 @@ def test_segment_plan_runs_the_passes_side_by_side_where_wide_tiles_leave_half_t
     short = (CONCURRENT_MIN_CHUNKS - 1) * 64
     assert not plan_segments(1, short, 32, 132, **beside).concurrent
     assert plan_segments(1, short + 64, 32, 132, **beside).concurrent
+    # Two tiles per program: 32 programs, which leave half of 64 SMs too; never past the head's V columns.
+    pairs = plan_segments(1, 32768, 32, 64, register_tiles=(64,), concurrent_tiles={64: 2})
+    assert (pairs.concurrent, pairs.block_v, pairs.warpgroups) == (True, 64, 2)
+    assert "32 sequential programs (N x HV x V/128)" in pairs.reason
+    narrow_head = plan_segments(1, 32768, 66, 132, value_dim=64, register_tiles=(64,), concurrent_tiles={64: 2})
+    assert (narrow_head.concurrent, narrow_head.warpgroups) == (True, 1)
 
 
 def test_concurrent_recipe_launches_the_prepare_pass_as_the_waiting_sequential_pass_dependent(
@@ -252,7 +258,12 @@ def test_concurrent_recipe_launches_the_prepare_pass_as_the_waiting_sequential_p
             launch._recipe.cache_clear()
             assert not _sm90_recipe(monkeypatch, 1, 32768, 32, 32, None).concurrent
     launch._recipe.cache_clear()
-    monkeypatch.setattr(launch, "HOPPER_CONCURRENT", frozenset())  # an empty table turns it off
+    monkeypatch.setattr(launch, "HOPPER_CONCURRENT", {128: (2, 2)})  # two tiles per program, two stages
+    paired = _sm90_recipe(monkeypatch, 1, 32768, 32, 32, None)
+    assert paired.concurrent and paired.recurrence_grid == (1, 1, 32) and paired.sequential_programs == 32
+    assert (paired.recurrence_meta["BV"], paired.recurrence_meta["STAGES"], paired.recurrence_meta["num_warps"]) == (
+        128, 2, 8)
+    monkeypatch.setattr(launch, "HOPPER_CONCURRENT", {})  # an empty table turns it off
     off = _sm90_recipe(monkeypatch, 1, 32768, 32, 32, None)
     assert not off.concurrent and off.recurrence_meta["BV"] == 32
 
@@ -265,7 +276,7 @@ def test_register_state_pass_runs_uncut_wide_tiles_on_sm90(monkeypatch: pytest.M
     # cut sequences (beside the segment passes it was slower) and narrow tiles keep hopper_kernels'.
     from polykernels.gated_delta_rule import launch
 
-    monkeypatch.setattr(launch, "HOPPER_CONCURRENT", frozenset())  # 1 x 8192 x 32 heads would run side by side
+    monkeypatch.setattr(launch, "HOPPER_CONCURRENT", {})  # 1 x 8192 x 32 heads would run side by side
     recipe = _sm90_recipe(monkeypatch, 1, 8192, value_heads // 4, value_heads, num_segments)
     assert recipe.hopper and recipe.hopper_registers is registers
     assert recipe.recurrence_meta["BV"] == (64 if registers or num_segments else 32)
@@ -603,7 +614,7 @@ def serial_at_64(launch, call):
     """The concurrent form's oracle: the same two kernels one after the other at the same 64-column
     tile (a forced uncut plan; the table without a concurrent entry). Replaces the two tables."""
     launch.RECURRENCE_BLOCK_V = {**launch.RECURRENCE_BLOCK_V, 128: (64, 64)}
-    launch.HOPPER_CONCURRENT = frozenset()
+    launch.HOPPER_CONCURRENT = {}
     return call(num_segments=1)
 
 
@@ -626,18 +637,23 @@ def _registered_programs(monkeypatch: pytest.MonkeyPatch) -> list:
 @pytest.mark.gpu
 @pytest.mark.parametrize(("batch", "tokens", "value_heads"), [(1, 8192 + 37, 32), (2, 8192, 16)],
                          ids=["B1-tail-chunk", "B2"])
+@pytest.mark.parametrize("form", [(1, 3), (1, 2), (2, 2)], ids=["one-tile-3-stages", "one-tile-2-stages", "pair"])
 def test_gpu_passes_side_by_side_match_them_one_after_the_other(gpu_device: str, monkeypatch: pytest.MonkeyPatch,
-                                                                batch: int, tokens: int, value_heads: int) -> None:
+                                                                batch: int, tokens: int, value_heads: int,
+                                                                form: tuple[int, int]) -> None:
     # The register-state pass and the prepare pass at once (the second the first's programmatic
     # dependent, ready flags between them) against the same two kernels one after the other: every
     # bit of o and the final state, from the Python path, the replayed launch program and a CUDA graph.
+    # Each form of launch.HOPPER_CONCURRENT (tiles per program, stages), the kept one and those measured.
     if torch.cuda.get_device_capability(gpu_device) != (9, 0):
         pytest.skip("the passes run side by side on sm_90 only")
     from polykernels import _programs, platform
     from polykernels._programs import Zero
     from polykernels.gated_delta_rule import launch
 
-    if 2 * batch * value_heads * 2 > platform.sm_count(torch.device(gpu_device)):
+    monkeypatch.setattr(launch, "HOPPER_CONCURRENT", {128: form})
+    sm_count = platform.sm_count(torch.device(gpu_device))
+    if 2 * batch * value_heads * 2 // form[0] > sm_count:
         pytest.skip("this GPU has too few SMs for the sequential programs to leave half of them")
     inputs = make_inputs(batch, tokens, 8, value_heads, 128, 128, torch.bfloat16, device=gpu_device)
     h0 = torch.randn(batch, value_heads, 128, 128, device=gpu_device)
@@ -663,6 +679,8 @@ def test_gpu_passes_side_by_side_match_them_one_after_the_other(gpu_device: str,
     with monkeypatch.context() as tables:
         for name in ("RECURRENCE_BLOCK_V", "HOPPER_CONCURRENT"):
             tables.setattr(launch, name, getattr(launch, name))  # restored after serial_at_64 replaces them
+        if form[0] == 2:  # the serial plan pairs the tiles where the pairs fill the SMs: make them do so
+            tables.setattr(platform, "sm_count", lambda device: 1)
         want = serial_at_64(launch, call)
     assert ran_side_by_side(launch)
     for got in (first, replayed, captured):
@@ -691,7 +709,7 @@ def test_gpu_passes_run_one_after_the_other_when_the_device_serializes_launches(
         "    return launch_chunk_gated_delta_rule(*inputs, 128**-0.5, None, True, None, False)\n"
         "got = call()\n"
         "side_by_side = ran_side_by_side(launch)\n"
-        "launch.HOPPER_CONCURRENT = frozenset()\n"
+        "launch.HOPPER_CONCURRENT = {}\n"
         "want = call()\n"
         "print('side by side', side_by_side, 'equal', all(torch.equal(a, b) for a, b in zip(got, want)))\n"
     )
