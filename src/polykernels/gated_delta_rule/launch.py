@@ -468,8 +468,8 @@ def _recipe(
     on_hopper = hopper_pass(seen, dtype, key_dim)
     caps = dict(hopper_prepare)
     gluon_prepare = key_dim in caps and on_hopper
-    beside = dict(hopper_concurrent).get(key_dim) if gluon_prepare and not varlen and concurrent_passes_allowed() \
-        else None  # (tiles per program, stages)
+    form = dict(hopper_concurrent).get(key_dim)  # (tiles per program, stages) beside the prepare pass
+    beside = form if gluon_prepare and not varlen and concurrent_passes_allowed() else None
     sm_count = platform.sm_count(device)
     plan = plan_segments(num_seqs, total, value_heads, sm_count, num_segments, key_dim=key_dim,
                          value_dim=value_dim, register_tiles=dict(hopper_register_stages) if on_hopper else (),
