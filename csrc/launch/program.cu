@@ -149,7 +149,9 @@ std::vector<Parameter> decode_parameters(const std::vector<int64_t>& code, size_
 
 // code: [steps, then per step: its Op, then for a launch: function, grid x, y, z, threads, shared
 // bytes, parameters, (source, a, b) per parameter; for a zero: output slot, offset, bytes].
-std::vector<Launch> decode_launches(const std::vector<int64_t>& code, size_t inputs, size_t outputs) {
+std::vector<Launch> decode_launches(const std::vector<int64_t>& code, size_t inputs,
+                                   const std::vector<int64_t>& output_bytes) {
+  const size_t outputs = output_bytes.size();
   STD_TORCH_CHECK(!code.empty(), "program_register: the program is empty");
   size_t at = 0;
   const int64_t count = code[at++];
@@ -169,6 +171,10 @@ std::vector<Launch> decode_launches(const std::vector<int64_t>& code, size_t inp
       STD_TORCH_CHECK(launch.slot >= 0 && static_cast<size_t>(launch.slot) < outputs && launch.offset >= 0 &&
                           launch.bytes >= 0,
                       "program_register: a zero step names output ", launch.slot, " of ", outputs);
+      const int64_t size = output_bytes[static_cast<size_t>(launch.slot)];
+      STD_TORCH_CHECK(launch.bytes <= size && launch.offset <= size - launch.bytes, "program_register: a zero step of ",
+                      launch.bytes, " bytes from ", launch.offset, " overruns output ", launch.slot, " (", size,
+                      " bytes)");
       launches.push_back(std::move(launch));
       continue;
     }
@@ -217,18 +223,11 @@ void program_register(std::vector<std::optional<Tensor>> tensors, std::vector<in
     program->outputs.push_back(std::move(shape));
   }
   program->returned = static_cast<size_t>(returned);
-  program->launches = decode_launches(code, tensors.size(), outputs.size());
-  for (const Launch& launch : program->launches) {
-    if (launch.op != Op::kZero) {
-      continue;
-    }
-    // Replayed calls allocate outputs of these sizes: a zero step must stay inside its output.
-    const Tensor& out = outputs[static_cast<size_t>(launch.slot)];
-    const int64_t out_bytes = out.numel() * static_cast<int64_t>(out.element_size());
-    STD_TORCH_CHECK(launch.bytes <= out_bytes && launch.offset <= out_bytes - launch.bytes,
-                    "program_register: a zero step of ", launch.bytes, " bytes from ", launch.offset,
-                    " overruns output ", launch.slot, " (", out_bytes, " bytes)");
+  std::vector<int64_t> output_bytes;  // replayed calls allocate outputs of these sizes
+  for (const Tensor& out : outputs) {
+    output_bytes.push_back(out.numel() * static_cast<int64_t>(out.element_size()));
   }
+  program->launches = decode_launches(code, tensors.size(), output_bytes);
   std::vector<int64_t> key = class_key(tensors, flags);
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
