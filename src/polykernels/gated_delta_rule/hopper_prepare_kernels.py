@@ -143,6 +143,9 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
     # Meanwhile: the gate cumsum as a masked row sum in the products' layout, and (l2norm) q's norms
     # (a third product for them held the pass's registers past its cap).
     gc = gl.sum(gl.where(r[:, None] >= c[None, :], g_c[None, :], 0.0), axis=1)
+    # The chunk's gate total (padding rows have g = 0), summed within each warp where g_c's columns
+    # lie: the last row's cumsum would take a reduction across warps.
+    gate_last = gl.sum(g_c, axis=0)
     loads: gl.constexpr = _copy_layout(BK)
     if L2NORM:
         q = q_s.load(loads).to(gl.float32)
@@ -167,6 +170,7 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
         gl.thread_barrier()
         g_c = gl.load(G_ptr + row_of + c * HV, mask=c < gl.minimum(length, first_bad), other=0.0).to(gl.float32)
         gc = gl.sum(gl.where(r[:, None] >= c[None, :], g_c[None, :], 0.0), axis=1)
+        gate_last = gl.sum(g_c, axis=0)  # rows past a bad one have g = 0
     keep_r, keep_c = r < first_bad, c < first_bad
     rk = _inverse_row_norm(kk, r, c, L2NORM)
     # Column vectors cost 16 registers each in the products' layout: they live only until the
@@ -240,9 +244,7 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
     keep = r < first_bad_v
 
     # The sequential pass reads raw q and k: their norms, the gates and the masks go in here.
-    # Padding rows and rows past a bad one have g = 0: the last row's cumsum is the chunk's total.
     in_chunk = r < length
-    gate_last = gl.sum(gl.where(r == BT - 1, gc, 0.0), axis=0)
     gl.store(QS_ptr + row_of + r * HV, gl.where(keep, scale * rq * gl.exp(gc), _NAN), mask=in_chunk)
     gl.store(KS_ptr + row_of + r * HV, gl.where(keep, rk * gl.exp(gate_last - gc), 0.0), mask=in_chunk)
     gl.store(DECAY_ptr + row_of, gl.where(first_bad_v < BT, _NAN, gl.exp(gate_last)))
