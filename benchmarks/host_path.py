@@ -49,7 +49,7 @@ def _launches_stubbed(family: ModuleType, *kernels: str) -> Iterator[None]:
 def _gdn_launches_stubbed() -> contextlib.AbstractContextManager[None]:
     from polykernels.gated_delta_rule import launch
 
-    return _launches_stubbed(launch, "plan", "prepare", "recurrence", "combine")
+    return _launches_stubbed(launch, "prepare", "recurrence", "combine")
 
 
 def _norm_launches_stubbed() -> contextlib.AbstractContextManager[None]:

@@ -101,7 +101,7 @@ def test_norm_spec_keys_decide_the_specialization(monkeypatch: pytest.MonkeyPatc
 def test_gated_delta_rule_spec_keys_decide_the_specialization(monkeypatch: pytest.MonkeyPatch) -> None:
     from polykernels.gated_delta_rule import launch
 
-    recorders = SimpleNamespace(plan=_KeyRecorder(), prepare=_KeyRecorder(), recurrence=_KeyRecorder(),
+    recorders = SimpleNamespace(prepare=_KeyRecorder(), recurrence=_KeyRecorder(),
                                 combine=_KeyRecorder())
     monkeypatch.setattr(launch, "_launchers", lambda: recorders)
     cases = itertools.product(
@@ -123,7 +123,7 @@ def test_gated_delta_rule_spec_keys_decide_the_specialization(monkeypatch: pytes
         num_seqs = batch if cu is None else 2
         h0 = torch.randn(num_seqs, value_heads, key_dim, value_dim) if initial else None
         launch.launch_chunk_gated_delta_rule(q, k, v, g, beta, key_dim**-0.5, h0, final, cu, True, segments)
-    for name in ("prepare", "recurrence", "combine", "plan"):
+    for name in ("prepare", "recurrence", "combine"):
         _assert_spec_keys_decide_the_specialization(getattr(recorders, name).calls)
 
 

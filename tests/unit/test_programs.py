@@ -87,15 +87,19 @@ def _no_programs_from_other_tests() -> None:
 def test_gpu_a_launcher_describes_its_kernel_after_the_first_launch_only(gpu_device: str) -> None:
     from polykernels.gated_delta_rule import kernels
 
-    launcher = Launcher(kernels.gdn_plan_kernel)
-    cu = torch.tensor([0, 100, 300], dtype=torch.int64, device="cuda")
-    offsets = torch.empty(3, dtype=torch.int64, device="cuda")
-    args, meta = (cu, offsets, offsets, 2, 2**34), {"BT": 64, "BLOCK": 1024, "num_warps": 4, "num_stages": 1}
-    assert launcher.described("plan") is None
-    launcher((1,), args, meta, spec_key="plan")
-    described = launcher.described("plan")
+    launcher = Launcher(kernels.gdn_combine_kernel)
+    # One sequence of one segment: the scan stores the initial state as the segment's.
+    h0, h_local, transition, h_init = (torch.randn(1, 1, 16, 16, device="cuda") for _ in range(4))
+    cu = torch.tensor([0, 64], dtype=torch.int64, device="cuda")
+    args = (h0, h_local, transition, h_init, cu, 1, 1, 2**40)
+    meta = {"HV": 1, "K": 16, "V": 16, "BK": 16, "BV": 16, "KB": 16, "HAS_INITIAL": True, "VARLEN": False,
+            "DOT_PRECISION": "ieee", "num_warps": 4, "num_stages": 1}
+    assert launcher.described("combine") is None
+    launcher((1, 1, 1), args, meta, spec_key="combine")
+    described = launcher.described("combine")
     assert described is not None and described.threads == 128 and described.function != 0
-    assert described.types[:2] == ("*i64", "*i64") and described.types[-1] == "constexpr"
+    assert described.types[:5] == ("*fp32",) * 4 + ("*i64",) and described.types[-1] == "constexpr"
+    torch.testing.assert_close(h_init, h0, rtol=0, atol=0)
 
 
 def test_the_launch_tables_are_read_only_and_replacing_one_moves_the_version(
@@ -273,7 +277,7 @@ def test_gpu_calls_no_program_may_serve_have_no_class(gpu_device: str, monkeypat
 @pytest.mark.parametrize(("options", "launches"), [
     ({}, ["prepare", "recurrence"]),
     ({"num_segments": 2}, ["prepare", "segment_state", "combine", "recurrence"]),
-    ({"cu_seqlens": torch.tensor([0, 40, 128])}, ["plan", "prepare", "recurrence"]),
+    ({"cu_seqlens": torch.tensor([0, 40, 128])}, ["prepare", "recurrence"]),
     ({"initial_state": torch.zeros(1, 4, 16, 16)}, ["prepare", "recurrence"]),
     ({"initial_state": torch.zeros(1, 4, 16, 16, dtype=torch.float16)}, None),
 ], ids=["dense", "segments", "packed", "fp32-initial", "fp16-initial-converted"])
@@ -301,8 +305,7 @@ def test_the_checked_path_records_its_own_launches(monkeypatch: pytest.MonkeyPat
     assert got_tensors is tensors and got_flags is flags and returned == 2
     assert outputs[0] is o and outputs[1] is final and outputs[2].dtype == torch.uint8
     assert kwargs["constants"][0].device == q.device
-    named = {id(launch._launchers().plan): "plan", id(launch._launchers().prepare): "prepare",
-             id(launch._launchers().combine): "combine"}
+    named = {id(launch._launchers().prepare): "prepare", id(launch._launchers().combine): "combine"}
     kinds = [named.get(id(step.launcher), "sequential") for step in steps]
     expected = ["sequential" if name in ("segment_state", "recurrence") else name for name in launches]
     assert kinds == expected

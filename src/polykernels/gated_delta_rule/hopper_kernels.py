@@ -126,7 +126,7 @@ def _store_output(O_ptr, out, chunk_start, end, i_hv, col0, HV: gl.constexpr, V:
 @gluon.jit
 def gdn_recurrence_hopper_kernel(
     Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr, HINIT_ptr, HT_ptr, O_ptr, HLOC_ptr, M_ptr,
-    CU, SEG_OFFSETS, T, N, SEGS_PER_SEQ, SEG_TOKENS,
+    CU, T, N, SEGS_PER_SEQ, SEG_TOKENS,
     H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
     BV: gl.constexpr, NV: gl.constexpr, VARLEN: gl.constexpr, LOG_N: gl.constexpr, HAS_INITIAL: gl.constexpr,
     SEGMENT_STATE: gl.constexpr, STORE_FINAL: gl.constexpr, DOT_PRECISION: gl.constexpr,
@@ -145,7 +145,7 @@ def gdn_recurrence_hopper_kernel(
     i_s = gl.program_id(1).to(gl.int64)
     i_hv = gl.program_id(2).to(gl.int64)
     i_h = i_hv // (HV // H)
-    n, j, count, start, end, valid = _segment(i_s, CU, SEG_OFFSETS, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN, LOG_N)
+    n, j, count, start, end, valid = _segment(i_s, CU, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN, LOG_N)
     k_rows = gl.arange(0, BK, layout=rows_of)
     if SEGMENT_STATE:
         # Columns [V | K]: value tiles from a zero state, then the transition from the identity.

@@ -80,7 +80,7 @@ def _store_rows(base, value, length, limit, ROW_STRIDE: gl.constexpr, ROWS: gl.c
 
 @gluon.jit
 def gdn_prepare_hopper_kernel(
-    Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr, CU, CHUNK_OFFSETS,
+    Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr, CU,
     T, N, CHUNKS_PER_SEQ, scale, FLAGS, SEQUENTIAL_PROGRAMS,
     H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
     BV: gl.constexpr, NV: gl.constexpr, L2NORM: gl.constexpr, VARLEN: gl.constexpr, LOG_N: gl.constexpr,
@@ -90,7 +90,7 @@ def gdn_prepare_hopper_kernel(
     gl.static_assert(INVERSE_PRECISION == "bf16", "the Hopper prepare pass rounds the inverse's operands to bf16")
     i_c, i_hv = _chunk_program(gl.program_id(0), gl.program_id(1), gl.num_programs(0), HV)
     i_h = i_hv // (HV // H)
-    chunk_start, length = _chunk_span(i_c, CU, CHUNK_OFFSETS, T, N, CHUNKS_PER_SEQ, BT, VARLEN, LOG_N)
+    chunk_start, length = _chunk_span(i_c, CU, T, N, CHUNKS_PER_SEQ, BT, VARLEN, LOG_N)
     if length > 0:
         _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr,
                        chunk_start, length.to(gl.int32), i_h, i_hv, scale, H, HV, K, V, BT, BK, BV, NV, L2NORM)

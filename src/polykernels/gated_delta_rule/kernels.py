@@ -1,10 +1,10 @@
 """Triton building blocks of the chunked gated delta rule forward (chunk size BT = 64).
 
 The chunk arithmetic both passes of ``recurrence_kernels.py`` share: where a chunk or a segment
-lies in packed sequences, the non-finite row checks, and (I + A)^-1 of a chunk. Also the two
-small kernels of the launch: ``plan`` (running chunk and segment counts of packed sequences, on
-the GPU, so no host table is built per call) and ``combine`` (the short scan of context
-parallelism: each segment's true initial state from the segments before it).
+lies in packed sequences (read off their boundaries: no host table, no kernel counting chunks
+first), the non-finite row checks, and (I + A)^-1 of a chunk. Also the small kernel of the
+launch: ``combine`` (the short scan of context parallelism: each segment's true initial state
+from the segments before it).
 
 Every offset that can pass 2^31 elements (token x heads x dim, segment x heads x K x V) is
 formed from int64 operands before any multiply: Triton multiplies int32 by int32 in int32,
@@ -57,28 +57,33 @@ def _nan():
 
 
 @triton.jit
-def _find(OFFSETS, i, N, LOG_N: tl.constexpr):
-    """The largest n < N with OFFSETS[n] <= i, for non-decreasing OFFSETS (binary search)."""
+def _sequence_of(CU, i, N, SPAN, LOG_N: tl.constexpr):
+    """The packed sequence whose slots hold slot i: the largest n < N with CU[n] // SPAN + n <= i.
+
+    Packed sequences number their chunks (SPAN = BT) and segments (SPAN = the segment's tokens) by
+    slots read straight off the boundaries: sequence n's first slot is CU[n] // SPAN + n, and it
+    takes max(ceil(len_n / SPAN), 1) of them. Those never overlap (ceil((b - a) / S) <= b // S -
+    a // S + 1), there are at most T // SPAN + N, and no kernel has to count the sequences' chunks
+    before the passes start. Binary search over the non-decreasing boundaries."""
     lo = i * 0
     hi = lo + N - 1
     for _ in tl.static_range(LOG_N):
         mid = (lo + hi + 1) // 2
-        ok = tl.load(OFFSETS + mid) <= i
+        ok = tl.load(CU + mid).to(tl.int64) // SPAN + mid <= i
         lo = tl.where(ok, mid, lo)
         hi = tl.where(ok, hi, mid - 1)
     return lo
 
 
 @triton.jit
-def _segment(i_s, CU, SEG_OFFSETS, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN: tl.constexpr, LOG_N: tl.constexpr):
+def _segment(i_s, CU, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN: tl.constexpr, LOG_N: tl.constexpr):
     """(sequence, index in it, its segment count, first token, end token, valid) of segment i_s."""
     if VARLEN:
-        n = _find(SEG_OFFSETS, i_s, N, LOG_N)
-        first = tl.load(SEG_OFFSETS + n)
-        count = tl.load(SEG_OFFSETS + n + 1) - first
+        n = _sequence_of(CU, i_s, N, SEG_TOKENS, LOG_N)
         bos = tl.load(CU + n).to(tl.int64)
         eos = tl.load(CU + n + 1).to(tl.int64)
-        valid = i_s < tl.load(SEG_OFFSETS + N)
+        first, count = _segments_of(bos, eos, n, SEG_TOKENS)
+        valid = i_s - first < count
     else:
         n = i_s // SEGS_PER_SEQ
         first = n * SEGS_PER_SEQ
@@ -91,6 +96,13 @@ def _segment(i_s, CU, SEG_OFFSETS, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN: tl.co
     end = tl.minimum(start + SEG_TOKENS, eos)
     end = tl.where(valid, end, start)
     return n, j, count, start, end, valid
+
+
+@triton.jit
+def _segments_of(bos, eos, n, SEG_TOKENS):
+    """(first segment slot, segment count) of packed sequence n over tokens [bos, eos): an empty
+    sequence has one segment (its final state is its initial state)."""
+    return bos // SEG_TOKENS + n, tl.maximum((eos - bos + SEG_TOKENS - 1) // SEG_TOKENS, 1)
 
 
 @triton.jit
@@ -116,26 +128,6 @@ def _unit_lower_inverse(a, N: tl.constexpr, LEVELS: tl.constexpr, PRECISION: tl.
 
 
 @triton.jit
-def gdn_plan_kernel(CU, CHUNK_OFFSETS, SEG_OFFSETS, N, SEG_CHUNKS, BT: tl.constexpr, BLOCK: tl.constexpr):
-    """Packed sequences: the running count of chunks and of segments before each sequence (one program)."""
-    tl.store(CHUNK_OFFSETS, 0)
-    tl.store(SEG_OFFSETS, 0)
-    carry_chunks = tl.full([], 0, tl.int64)
-    carry_segments = tl.full([], 0, tl.int64)
-    for first in range(0, N, BLOCK):
-        index = first + tl.arange(0, BLOCK)
-        mask = index < N
-        start = tl.load(CU + index, mask=mask, other=0).to(tl.int64)
-        end = tl.load(CU + index + 1, mask=mask, other=0).to(tl.int64)
-        chunks = (end - start + BT - 1) // BT
-        segments = tl.where(mask, tl.maximum((chunks + SEG_CHUNKS - 1) // SEG_CHUNKS, 1), 0)
-        tl.store(CHUNK_OFFSETS + index + 1, tl.cumsum(chunks, axis=0) + carry_chunks, mask=mask)
-        tl.store(SEG_OFFSETS + index + 1, tl.cumsum(segments, axis=0) + carry_segments, mask=mask)
-        carry_chunks += tl.sum(chunks, axis=0)
-        carry_segments += tl.sum(segments, axis=0)
-
-
-@triton.jit
 def _chunk_program(x, y, X, HV: tl.constexpr):
     """(chunk, value head) of the prepare program at (x, y) of the grid (chunks, HV) (X: its chunks).
     Programs in launch order take the value heads of a chunk before the next chunk: those running
@@ -145,14 +137,14 @@ def _chunk_program(x, y, X, HV: tl.constexpr):
 
 
 @triton.jit
-def _chunk_span(i_c, CU, CHUNK_OFFSETS, T, N, CHUNKS_PER_SEQ, BT: tl.constexpr, VARLEN: tl.constexpr,
-                LOG_N: tl.constexpr):
-    """(first token, valid rows) of chunk i_c; 0 rows past the last chunk of packed sequences."""
+def _chunk_span(i_c, CU, T, N, CHUNKS_PER_SEQ, BT: tl.constexpr, VARLEN: tl.constexpr, LOG_N: tl.constexpr):
+    """(first token, valid rows) of chunk slot i_c; 0 rows for the slots no packed sequence fills
+    (``_sequence_of``)."""
     if VARLEN:
-        n = _find(CHUNK_OFFSETS, i_c, N, LOG_N)
-        chunk_start = tl.load(CU + n).to(tl.int64) + (i_c - tl.load(CHUNK_OFFSETS + n)) * BT
-        length = tl.minimum(tl.load(CU + n + 1).to(tl.int64) - chunk_start, BT)
-        length = tl.where(i_c < tl.load(CHUNK_OFFSETS + N), length, 0)
+        n = _sequence_of(CU, i_c, N, BT, LOG_N)
+        bos = tl.load(CU + n).to(tl.int64)
+        chunk_start = bos + (i_c - (bos // BT + n)) * BT
+        length = tl.maximum(tl.minimum(tl.load(CU + n + 1).to(tl.int64) - chunk_start, BT), 0)
     else:
         n = i_c // CHUNKS_PER_SEQ
         chunk_start = n * T + (i_c % CHUNKS_PER_SEQ) * BT
@@ -204,7 +196,7 @@ def _chunk_inverse(k, b, gc, BT: tl.constexpr, DOT_PRECISION: tl.constexpr, INVE
 
 @triton.jit
 def gdn_combine_kernel(
-    H0_ptr, HLOC_ptr, M_ptr, HINIT_ptr, CU, SEG_OFFSETS, N, SEGS_PER_SEQ,
+    H0_ptr, HLOC_ptr, M_ptr, HINIT_ptr, CU, N, SEGS_PER_SEQ, SEG_TOKENS,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr,
     HAS_INITIAL: tl.constexpr, VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
@@ -218,8 +210,8 @@ def gdn_combine_kernel(
     i_n = tl.program_id(1).to(tl.int64)
     i_hv = tl.program_id(2).to(tl.int64)
     if VARLEN:
-        first = tl.load(SEG_OFFSETS + i_n)
-        count = tl.load(SEG_OFFSETS + i_n + 1) - first
+        first, count = _segments_of(tl.load(CU + i_n).to(tl.int64), tl.load(CU + i_n + 1).to(tl.int64), i_n,
+                                    SEG_TOKENS)
     else:
         first = i_n * SEGS_PER_SEQ
         count = i_n * 0 + SEGS_PER_SEQ

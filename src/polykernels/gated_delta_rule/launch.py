@@ -154,7 +154,6 @@ def _launchers() -> SimpleNamespace:
     from polykernels.gated_delta_rule import kernels, recurrence_kernels
 
     return SimpleNamespace(
-        plan=Launcher(kernels.gdn_plan_kernel),
         prepare=Launcher(recurrence_kernels.gdn_prepare_kernel),
         recurrence=Launcher(recurrence_kernels.gdn_recurrence_kernel),
         combine=Launcher(kernels.gdn_combine_kernel),
@@ -356,19 +355,16 @@ def launch_chunk_gated_delta_rule(
     def arguments(scratch: _Scratch, scale: object = scale) -> _Arguments:
         """Each launch's arguments, the workspace's parts as addresses or (Triton's own launch) as views
         (or, for a launch program, markers of the workspace's parts and of the scale)."""
-        # Chunk and segment counts per packed sequence are computed on the GPU: no host round trip.
-        packed = cu_seqlens is not None
-        chunk_offsets, seg_offsets = (scratch.chunk_offsets, scratch.seg_offsets) if packed else (cu, cu)
+        # Packed sequences' chunks and segments are found from cu_seqlens in the kernels (kernels._sequence_of).
         prepared = scratch[:6]
-        segments = (cu, seg_offsets, tokens, num_seqs, recipe.segments_per_seq, recipe.segment_tokens)
+        segments = (cu, tokens, num_seqs, recipe.segments_per_seq, recipe.segment_tokens)
         h_init = scratch.h_init if recipe.segment_chunks else initial
         return _Arguments(
-            plan=(cu, chunk_offsets, seg_offsets, num_seqs, recipe.segment_chunks or WHOLE_SEQUENCE),
-            prepare=(q, k, v, g, beta, *prepared, cu, chunk_offsets, tokens, num_seqs, recipe.chunks_per_seq, scale,
+            prepare=(q, k, v, g, beta, *prepared, cu, tokens, num_seqs, recipe.chunks_per_seq, scale,
                      *((scratch.flags, recipe.sequential_programs) if recipe.hopper_prepare else ())),
             segment_state=(q, k, *prepared, final, final, o, scratch.h_local, scratch.transitions, *segments),
-            combine=(initial, scratch.h_local, scratch.transitions, scratch.h_init, cu, seg_offsets, num_seqs,
-                     recipe.segments_per_seq),
+            combine=(initial, scratch.h_local, scratch.transitions, scratch.h_init, cu, num_seqs,
+                     recipe.segments_per_seq, recipe.segment_tokens),
             recurrence=(q, k, *prepared, h_init, final, o, final, final, *segments,
                         *((scratch.flags,) if recipe.hopper_registers else ())),
         )
@@ -380,7 +376,7 @@ def launch_chunk_gated_delta_rule(
     def views() -> _Arguments:
         return arguments(_Scratch(*recipe.workspace.views(workspace)))
 
-    launches = _launches(recipe, run, spec, (recipe.spec, cu.data_ptr() & 15), cu_seqlens is not None)
+    launches = _launches(recipe, run, spec)
     flags = recipe.workspace.parts[_Scratch._fields.index("flags")]
     flag_bytes = math.prod(flags.shape) * flags.dtype.itemsize
     if recipe.concurrent:  # the ready flags start at zero
@@ -401,20 +397,19 @@ def launch_chunk_gated_delta_rule(
     return o, final if output_final_state else None
 
 
-def _launches(recipe: _Recipe, run: SimpleNamespace, spec: tuple, plan_spec: tuple,
-              packed: bool) -> list[tuple[object, tuple[int, ...], str, dict[str, object], object]]:
+def _launches(recipe: _Recipe, run: SimpleNamespace,
+              spec: tuple) -> list[tuple[object, tuple[int, ...], str, dict[str, object], object]]:
     """(launcher, grid, name of its arguments in _Arguments, constexprs and options, spec_key) of each
-    launch, in order: the plan kernel (packed sequences), the prepare pass, the segment passes (cut
-    sequences), the sequential pass. Where the two passes run side by side the sequential pass comes
-    first and the prepare pass is its programmatic dependent (ready_flags)."""
+    launch, in order: the prepare pass, the segment passes (cut sequences), the sequential pass. Where
+    the two passes run side by side the sequential pass comes first and the prepare pass is its
+    programmatic dependent (ready_flags)."""
     prepare = _hopper_prepare_launcher() if recipe.hopper_prepare else run.prepare
     sequential = (_hopper_register_launcher() if recipe.hopper_registers else _hopper_launcher() if recipe.hopper
                   else run.recurrence)
-    launches = [(run.plan, (1,), "plan", recipe.plan_meta, plan_spec)] if packed else []
     if recipe.concurrent:
         return [(sequential, recipe.recurrence_grid, "recurrence", recipe.recurrence_meta, (spec, False)),
                 (prepare, recipe.prepare_grid, "prepare", recipe.prepare_meta, spec)]
-    launches.append((prepare, recipe.prepare_grid, "prepare", recipe.prepare_meta, spec))
+    launches = [(prepare, recipe.prepare_grid, "prepare", recipe.prepare_meta, spec)]
     if recipe.segment_chunks:
         launches += [(sequential, recipe.segment_state_grid, "segment_state", recipe.segment_state_meta, (spec, True)),
                      (run.combine, recipe.combine_grid, "combine", recipe.combine_meta, spec)]
@@ -429,11 +424,10 @@ class _Recipe:
 
     spec: tuple
     chunks_per_seq: int
-    segment_chunks: int  # 0: each sequence is one segment (the plan kernel then counts one per sequence)
+    segment_chunks: int  # 0: each sequence is one segment
     segments_per_seq: int
     max_segments: int
     segment_tokens: int
-    plan_meta: dict[str, object]
     prepare_grid: tuple[int, ...]
     prepare_meta: dict[str, object]
     segment_state_grid: tuple[int, ...]
@@ -481,7 +475,7 @@ def _recipe(
     precision = guards.dot_precision(fp32_inputs=dtype == torch.float32)
     chunks_per_seq = -(-tokens // CHUNK)
     max_chunks = -(-total // CHUNK) + num_seqs if varlen else num_seqs * chunks_per_seq
-    if not segment_chunks:  # one segment per sequence (the plan kernel counted one per packed sequence)
+    if not segment_chunks:  # one segment per sequence (packed ones too: kernels._segments_of)
         segments_per_seq, max_segments, segment_tokens = 1, num_seqs, WHOLE_SEQUENCE * CHUNK
     elif varlen:
         segments_per_seq, max_segments = 1, -(-max_chunks // segment_chunks) + num_seqs
@@ -531,7 +525,6 @@ def _recipe(
               hopper_register_pairs, hopper_concurrent, combine_launch),
         chunks_per_seq=chunks_per_seq, segment_chunks=segment_chunks,
         segments_per_seq=segments_per_seq, max_segments=max_segments, segment_tokens=segment_tokens,
-        plan_meta={"BT": CHUNK, "BLOCK": 1024, "num_warps": 4, "num_stages": 1},
         prepare_grid=(max_chunks, value_heads),
         prepare_meta={**shape, "BK": max(block_k, PREPARE_MIN_BLOCK), "BV": prep_bv, "NV": -(-value_dim // prep_bv),
                       "L2NORM": l2norm, **where, "DOT_PRECISION": prep_dot, "INVERSE_PRECISION": prep_inverse,
@@ -552,8 +545,8 @@ def _recipe(
         hopper_prepare=gluon_prepare,
         concurrent=plan.concurrent,
         sequential_programs=value_tiles * max_segments * value_heads if plan.concurrent else 0,
-        workspace=_workspace(total, value_heads, key_dim, value_dim, dtype, num_seqs, varlen, max_segments,
-                             bool(segment_chunks), max_chunks * value_heads + 2 if plan.concurrent else 0),
+        workspace=_workspace(total, value_heads, key_dim, value_dim, dtype, max_segments, bool(segment_chunks),
+                             max_chunks * value_heads + 2 if plan.concurrent else 0),
     )
 
 
@@ -567,8 +560,6 @@ class _Scratch(NamedTuple):
     q_scale: object
     k_scale: object
     decay: object
-    chunk_offsets: object  # packed sequences only: first chunk of each sequence (the plan kernel's)
-    seg_offsets: object  # packed sequences only: first segment of each sequence
     h_local: object  # cut sequences only: each segment's state from a zero start
     transitions: object  # cut sequences only: each segment's K x K state transition
     h_init: object  # cut sequences only: each segment's state at its start (the combine kernel's)
@@ -576,23 +567,20 @@ class _Scratch(NamedTuple):
 
 
 class _Arguments(NamedTuple):
-    plan: tuple
     prepare: tuple
     segment_state: tuple
     combine: tuple
     recurrence: tuple
 
 
-def _workspace(total: int, value_heads: int, key_dim: int, value_dim: int, dtype: torch.dtype, num_seqs: int,
-               varlen: bool, max_segments: int, segmented: bool, flags: int) -> Layout:
+def _workspace(total: int, value_heads: int, key_dim: int, value_dim: int, dtype: torch.dtype, max_segments: int,
+               segmented: bool, flags: int) -> Layout:
     """The parts of ``_Scratch``; those a class of call does not use are empty."""
-    offsets = (num_seqs + 1,) if varlen else (0,)
     segments = max_segments if segmented else 0
     return Layout.of([
         ((total, value_heads, key_dim), dtype), ((total, value_heads, value_dim), dtype),
         ((total, value_heads, CHUNK), dtype),
         *[((total, value_heads), torch.float32)] * 3,  # the q, k and decay scales
-        (offsets, torch.int64), (offsets, torch.int64),
         ((segments, value_heads, key_dim, value_dim), torch.float32),
         ((segments, value_heads, key_dim, key_dim), torch.float32),
         ((segments, value_heads, key_dim, value_dim), torch.float32),

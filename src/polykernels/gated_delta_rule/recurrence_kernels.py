@@ -47,7 +47,7 @@ from polykernels.gated_delta_rule.kernels import (
 
 @triton.jit
 def gdn_prepare_kernel(
-    Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr, CU, CHUNK_OFFSETS,
+    Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr, CU,
     T, N, CHUNKS_PER_SEQ, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, NV: tl.constexpr, L2NORM: tl.constexpr, VARLEN: tl.constexpr, LOG_N: tl.constexpr,
@@ -55,7 +55,7 @@ def gdn_prepare_kernel(
 ):
     i_c, i_hv = _chunk_program(tl.program_id(0), tl.program_id(1), tl.num_programs(0), HV)
     i_h = i_hv // (HV // H)
-    chunk_start, length = _chunk_span(i_c, CU, CHUNK_OFFSETS, T, N, CHUNKS_PER_SEQ, BT, VARLEN, LOG_N)
+    chunk_start, length = _chunk_span(i_c, CU, T, N, CHUNKS_PER_SEQ, BT, VARLEN, LOG_N)
     if length > 0:
         rows = tl.arange(0, BT)
         in_chunk = rows < length
@@ -121,7 +121,7 @@ def _row_scales(QS_ptr, DECAY_ptr, chunk_start, end, i_hv, HV: tl.constexpr, BT:
 @triton.jit
 def gdn_recurrence_kernel(
     Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr, HINIT_ptr, HT_ptr, O_ptr, HLOC_ptr, M_ptr,
-    CU, SEG_OFFSETS, T, N, SEGS_PER_SEQ, SEG_TOKENS,
+    CU, T, N, SEGS_PER_SEQ, SEG_TOKENS,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, NV: tl.constexpr, VARLEN: tl.constexpr, LOG_N: tl.constexpr, HAS_INITIAL: tl.constexpr,
     SEGMENT_STATE: tl.constexpr, STORE_FINAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -130,7 +130,7 @@ def gdn_recurrence_kernel(
     i_s = tl.program_id(1).to(tl.int64)
     i_hv = tl.program_id(2).to(tl.int64)
     i_h = i_hv // (HV // H)
-    n, j, count, start, end, valid = _segment(i_s, CU, SEG_OFFSETS, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN, LOG_N)
+    n, j, count, start, end, valid = _segment(i_s, CU, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN, LOG_N)
     rows = tl.arange(0, BT)
     k_rows = tl.arange(0, BK)
     k_cols = tl.arange(0, BK)

@@ -45,13 +45,6 @@ def _precision() -> dict[str, str]:
     return {"DOT_PRECISION": dot_precision(fp32_inputs=False)}
 
 
-register(KernelSpec(
-    name="gdn_plan", module=_MODULE, function="gdn_plan_kernel",
-    signature={"CU": "*i32", "CHUNK_OFFSETS": "*i64", "SEG_OFFSETS": "*i64", "N": "i32", "SEG_CHUNKS": "i64",
-               **_constexpr("BT", "BLOCK")},
-    constexprs={"BT": 64, "BLOCK": 1024},
-    options=_SMALL,
-))
 def _fp32(signature: dict[str, str]) -> dict[str, str]:
     return {name: "*fp32" if kind == "*bf16" else kind for name, kind in signature.items()}
 
@@ -63,7 +56,7 @@ def _prepare_precision(fp32_inputs: bool) -> dict[str, str]:
 _PREPARE_SIGNATURE = {
     "Q_ptr": "*bf16", "K_ptr": "*bf16", "V_ptr": "*bf16", "G_ptr": "*fp32", "BETA_ptr": "*bf16", "W_ptr": "*bf16",
     "U_ptr": "*bf16", "P_ptr": "*bf16", "QS_ptr": "*fp32", "KS_ptr": "*fp32", "DECAY_ptr": "*fp32", "CU": "*i32",
-    "CHUNK_OFFSETS": "*i64", "T": "i32", "N": "i32", "CHUNKS_PER_SEQ": "i32", "scale": "fp32",
+    "T": "i32", "N": "i32", "CHUNKS_PER_SEQ": "i32", "scale": "fp32",
     **_constexpr("H", "HV", "K", "V", "BT", "BK", "BV", "NV", "L2NORM", "VARLEN", "LOG_N", "DOT_PRECISION",
                  "INVERSE_PRECISION"),
 }
@@ -79,7 +72,7 @@ for _name, _fp32_inputs in (("gdn_prepare", False), ("gdn_prepare_fp32", True)):
 _RECURRENCE_SIGNATURE = {
     "Q_ptr": "*bf16", "K_ptr": "*bf16", "W_ptr": "*bf16", "U_ptr": "*bf16", "P_ptr": "*bf16", "QS_ptr": "*fp32",
     "KS_ptr": "*fp32", "DECAY_ptr": "*fp32", "HINIT_ptr": "*fp32", "HT_ptr": "*fp32", "O_ptr": "*bf16",
-    "HLOC_ptr": "*fp32", "M_ptr": "*fp32", "CU": "*i32", "SEG_OFFSETS": "*i64", "T": "i32", "N": "i32",
+    "HLOC_ptr": "*fp32", "M_ptr": "*fp32", "CU": "*i32", "T": "i32", "N": "i32",
     "SEGS_PER_SEQ": "i32", "SEG_TOKENS": "i64",
     **_constexpr("H", "HV", "K", "V", "BT", "BK", "BV", "NV", "VARLEN", "LOG_N", "HAS_INITIAL", "SEGMENT_STATE",
                  "STORE_FINAL", "DOT_PRECISION"),
@@ -107,7 +100,7 @@ for _name, _segment_state, _signature, _precise in (
 register(KernelSpec(
     name="gdn_combine", module=_MODULE, function="gdn_combine_kernel",
     signature={"H0_ptr": "*fp32", "HLOC_ptr": "*fp32", "M_ptr": "*fp32", "HINIT_ptr": "*fp32", "CU": "*i32",
-               "SEG_OFFSETS": "*i64", "N": "i32", "SEGS_PER_SEQ": "i32",
+               "N": "i32", "SEGS_PER_SEQ": "i32", "SEG_TOKENS": "i64",
                **_constexpr("HV", "K", "V", "BK", "BV", "KB", "HAS_INITIAL", "VARLEN", "DOT_PRECISION")},
     constexprs={"HV": 32, "K": 128, "V": 128, "BK": 128, "BV": COMBINE_LAUNCH["block_v"],
                 "KB": combine_operator_block(128, COMBINE_LAUNCH["whole_k"]), "HAS_INITIAL": True, "VARLEN": True},
