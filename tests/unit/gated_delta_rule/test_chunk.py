@@ -119,6 +119,25 @@ def test_triton_varlen_sequences_split_independently(lengths: list[int]) -> None
     check_against_naive(run, inputs, dtype, initial=True, cu_seqlens=cu, num_seqs=len(lengths))
 
 
+@pytest.mark.cpu_only
+@pytest.mark.parametrize("segments", [None, 2], ids=["whole", "2seg"])
+def test_triton_many_packed_sequences_int32_boundaries(segments: int | None) -> None:
+    # 37 sequences (six levels of the binary search for a slot's sequence), empty ones among them,
+    # int32 boundaries as FLA and vLLM pass them.
+    gen = torch.Generator().manual_seed(3)
+    lengths = torch.randint(0, 150, (37,), generator=gen)
+    lengths[[0, 5, 36]] = 0
+    lengths[[7, 8]] = 64
+    cu = torch.tensor([0, *lengths.cumsum(0).tolist()], dtype=torch.int32)
+    dtype = torch.float32
+    inputs = make_inputs(1, int(cu[-1]), 1, 2, 16, 16, dtype)
+
+    def run(*args):
+        return launch_chunk_gated_delta_rule(*args, num_segments=segments)
+
+    check_against_naive(run, inputs, dtype, initial=True, cu_seqlens=cu, num_seqs=len(lengths))
+
+
 def _nan_causality(run, device: str, positions, dtype: torch.dtype = torch.float32) -> None:
     """A non-finite input at token t: outputs before t stay finite, and t (k/v/g/beta: onwards) is NaN.
     16-bit inputs are checked after the bf16/fp16 loads, before the products round anything."""
