@@ -1,6 +1,6 @@
 """Launch programs: an op's Triton launches for one class of call, recorded once and replayed from C++.
 
-An eager call through Python (argument checks, the plan, allocations, two to five launches through
+An eager call through Python (argument checks, the plan, allocations, two to four launches through
 Triton's launcher) costs tens of microseconds of host time, more than a short call's kernels take.
 The first call of a class takes that path; its launches are then registered with the extension
 (``csrc/launch/program.cu``) under the class: the call's tensors (dtype, device, sizes, strides,
