@@ -69,10 +69,16 @@ def _sequence_of(CU, i, N, SPAN, LOG_N: tl.constexpr):
     hi = lo + N - 1
     for _ in tl.static_range(LOG_N):
         mid = (lo + hi + 1) // 2
-        ok = tl.load(CU + mid).to(tl.int64) // SPAN + mid <= i
+        ok = _first_slot(tl.load(CU + mid).to(tl.int64), mid, SPAN) <= i
         lo = tl.where(ok, mid, lo)
         hi = tl.where(ok, hi, mid - 1)
     return lo
+
+
+@triton.jit
+def _first_slot(bos, n, SPAN):
+    """The first slot of packed sequence n, which starts at token bos (``_sequence_of``)."""
+    return bos // SPAN + n
 
 
 @triton.jit
@@ -102,7 +108,7 @@ def _segment(i_s, CU, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN: tl.constexpr, LOG_
 def _segments_of(bos, eos, n, SEG_TOKENS):
     """(first segment slot, segment count) of packed sequence n over tokens [bos, eos): an empty
     sequence has one segment (its final state is its initial state)."""
-    return bos // SEG_TOKENS + n, tl.maximum((eos - bos + SEG_TOKENS - 1) // SEG_TOKENS, 1)
+    return _first_slot(bos, n, SEG_TOKENS), tl.maximum((eos - bos + SEG_TOKENS - 1) // SEG_TOKENS, 1)
 
 
 @triton.jit
@@ -143,7 +149,7 @@ def _chunk_span(i_c, CU, T, N, CHUNKS_PER_SEQ, BT: tl.constexpr, VARLEN: tl.cons
     if VARLEN:
         n = _sequence_of(CU, i_c, N, BT, LOG_N)
         bos = tl.load(CU + n).to(tl.int64)
-        chunk_start = bos + (i_c - (bos // BT + n)) * BT
+        chunk_start = bos + (i_c - _first_slot(bos, n, BT)) * BT
         length = tl.maximum(tl.minimum(tl.load(CU + n + 1).to(tl.int64) - chunk_start, BT), 0)
     else:
         n = i_c // CHUNKS_PER_SEQ

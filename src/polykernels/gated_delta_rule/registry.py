@@ -34,7 +34,6 @@ _SEGMENTS = {"VARLEN": True, "LOG_N": 4, "L2NORM": True}
 _PREPARE_BV, _PREPARE_WARPS = PREPARE_LAUNCH[128]
 _RECURRENCE_BV = RECURRENCE_BLOCK_V[128][1]
 _RECURRENCE_WARPS, _RECURRENCE_STAGES = RECURRENCE_LAUNCH[128]
-_SMALL = {"num_warps": 4, "num_stages": 1}
 
 
 def _constexpr(*names: str) -> dict[str, str]:
