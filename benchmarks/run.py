@@ -122,12 +122,6 @@ def render(logs: list[Path]) -> dict[str, object]:
             "command": "; ".join(dict.fromkeys(run_["command"] for run_ in runs)), "runs": runs, "rows": rows}
 
 
-def exposed_host_us(row: dict) -> float:
-    """Eager per-call time less GPU time, in us: the host overhead eager code sees (the issues' tables
-    count it so), as opposed to ``host_us``, the host path's whole cost, which longer kernels hide."""
-    return round((row["eager_ms"] - row["graph_ms"]) * 1e3, 1)
-
-
 def _cell(value: object) -> str:
     return "" if value is None else str(value)
 
@@ -141,19 +135,16 @@ def to_markdown(result: dict[str, object]) -> str:
         f"Measured {result['date']} on {result['device']}; versions {json.dumps(result['versions'])}; "
         f"copy roofline {result['copy_gb_per_s']} GB/s; host time of a one-kernel torch op "
         f"{result['launch_floor_host_us']} us (the launch floor); same run. Command: `{result['command']}`.",
-        "GB/s, % of copy and TFLOP/s from the CUDA-graph (GPU) time; speedup = peer time / polykernels time. "
-        "host us: the CPU time to issue one call while the GPU is kept busy; eager - GPU us: what eager code "
-        "waits per call beyond the kernels, the host overhead it sees (near 0 where the kernels outlast the "
-        "host path; below 0 where the two clocks differ on the GPU's side).",
+        "GB/s, % of copy and TFLOP/s from the CUDA-graph (GPU) time; speedup = peer time / polykernels time.",
         "",
-        "| op | case | implementation | eager ms | GPU ms | host us | eager - GPU us | GB/s | % of copy | TFLOP/s "
+        "| op | case | implementation | eager ms | GPU ms | host us | GB/s | % of copy | TFLOP/s "
         "| polykernels speedup (eager) | (GPU) |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in result["rows"]:  # type: ignore[union-attr]
         cells = [row["family"], row["case"], row["impl"], row["eager_ms"], row["graph_ms"], row["host_us"],
-                 exposed_host_us(row), row["gb_per_s"], row["pct_of_copy"], row["tflop_per_s"],
-                 row["polykernels_speedup_eager"], row["polykernels_speedup_graph"]]
+                 row["gb_per_s"], row["pct_of_copy"], row["tflop_per_s"], row["polykernels_speedup_eager"],
+                 row["polykernels_speedup_graph"]]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
