@@ -477,9 +477,9 @@ def _recipe(
     max_chunks = -(-total // CHUNK) + num_seqs if varlen else num_seqs * chunks_per_seq
     if not segment_chunks:  # one segment per sequence (packed ones too: kernels._segments_of)
         segments_per_seq, max_segments, segment_tokens = 1, num_seqs, WHOLE_SEQUENCE * CHUNK
-    elif varlen:
-        segments_per_seq, max_segments = 1, -(-max_chunks // segment_chunks) + num_seqs
-        segment_tokens = segment_chunks * CHUNK
+    elif varlen:  # segment slots: at most total // segment_tokens + num_seqs (kernels._sequence_of)
+        segments_per_seq, segment_tokens = 1, segment_chunks * CHUNK
+        max_segments = -(-total // segment_tokens) + num_seqs
     else:
         segments_per_seq = -(-chunks_per_seq // segment_chunks)
         max_segments, segment_tokens = num_seqs * segments_per_seq, segment_chunks * CHUNK
