@@ -133,6 +133,8 @@ def gdn_recurrence_hopper_kernel(
     STAGES: gl.constexpr,
 ):
     gl.static_assert(K == BK, "the Hopper pass takes whole K rows (K a power of two)")
+    # One stage would copy the next chunk into the tiles the products are reading (wrong results).
+    gl.static_assert(STAGES >= 2, "the Hopper pass copies a chunk ahead: STAGES must be at least 2")
     mma: gl.constexpr = _mma_layout(BV)
     rows_of: gl.constexpr = gl.SliceLayout(1, mma)
     cols_of: gl.constexpr = gl.SliceLayout(0, mma)

@@ -99,6 +99,7 @@ def gdn_recurrence_hopper_rs_kernel(
 ):
     gl.static_assert(K == BK, "the Hopper pass takes whole K rows (K a power of two)")
     WARPS: gl.constexpr = gl.num_warps()
+    gl.static_assert(STAGES >= 2, "the Hopper pass copies a chunk ahead: STAGES must be at least 2")
     gl.static_assert(BV == 16 * WARPS, "the state's rows are 64-row products, one warpgroup each")
     # Uncut sequences only (launch._recipe): beside the segment passes the shared-state pass was faster.
     gl.static_assert(not SEGMENT_STATE, "the segment-state pass is hopper_kernels'")

@@ -928,3 +928,26 @@ def test_compile_matrix_fails_a_kernel_that_no_stage_count_fits() -> None:
     assert done.returncode != 0
     assert ("needs 131072 bytes of shared memory per program even with one pipeline stage; hip:gfx942 has 65536"
             in done.stderr), done.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gdn_recurrence_hopper_wide", "gdn_recurrence_hopper_rs"])
+def test_hopper_passes_refuse_one_copy_stage(name: str) -> None:
+    # With one stage the copies of the next chunk would land in the tiles the chunk's products are
+    # reading: on the H200 the outputs went wrong (an inf against the two-stage pass) with no error.
+    # A launch table set to 1 must fail to compile instead. Compiled in its own process for sm_90.
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import dataclasses; from polykernels import kernel_registry as r\n"
+        f"spec = r.kernels()[{name!r}]\n"
+        "one = dataclasses.replace(spec, name='one_stage', constexprs={**spec.constexprs, 'STAGES': 1})\n"
+        "r.register(one); r.compile_here('one_stage', 'cuda:90')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600,
+                          check=False)
+    assert done.returncode != 0
+    assert "STAGES must be at least 2" in done.stderr, done.stderr[-2000:]
