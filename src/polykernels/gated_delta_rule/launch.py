@@ -263,17 +263,26 @@ COMBINE_LAUNCH: Mapping[str, int] = types.MappingProxyType({"block_v": 16, "whol
                                                             "num_stages": 2})
 
 
+# What a tool that injects itself into the CUDA runtime leaves in its target's environment: CUDA's
+# own variable, and those Nsight Compute and compute-sanitizer set (their 2025.3 releases set only
+# theirs: under Nsight Compute the passes side by side waited for a replay that never came, and the
+# flag's timeout ended the launch).
+INJECTED_TOOL_VARIABLES = ("CUDA_INJECTION64_PATH", "NV_NSIGHT_INJECTION_TRANSPORT_TYPE",
+                           "NV_SANITIZER_INJECTION_TRANSPORT_TYPE")
+
+
 def concurrent_passes_allowed() -> bool:
     """Whether this process may run the two passes side by side: the sequential pass waits for the
     prepare pass, launched after it, so a process whose launches run one after the other would wait
     for ever (ready_flags traps after a timeout instead). CUDA_LAUNCH_BLOCKING=1 does that, and so do
     the tools that inject themselves into the CUDA runtime to replay or check kernels one at a time
-    (Nsight Compute, compute-sanitizer: CUDA_INJECTION64_PATH). Under an MPS share of the SMs
+    (Nsight Compute, compute-sanitizer: INJECTED_TOOL_VARIABLES). Under an MPS share of the SMs
     (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) the device's SM count overstates what the programs get, and
     the prepare pass would start only once every sequential program has. POLYKERNELS_GDN_CONCURRENT=0
     turns it off."""
     environ = os.environ
-    return (environ.get("CUDA_LAUNCH_BLOCKING", "0") in ("", "0") and not environ.get("CUDA_INJECTION64_PATH")
+    return (environ.get("CUDA_LAUNCH_BLOCKING", "0") in ("", "0")
+            and not any(environ.get(variable) for variable in INJECTED_TOOL_VARIABLES)
             and not environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
             and environ.get("POLYKERNELS_GDN_CONCURRENT", "1") != "0")
 

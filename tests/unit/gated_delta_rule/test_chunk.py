@@ -255,7 +255,7 @@ def test_concurrent_recipe_launches_the_prepare_pass_as_the_waiting_sequential_p
         monkeypatch: pytest.MonkeyPatch) -> None:
     from polykernels.gated_delta_rule import launch
 
-    for variable in ("CUDA_LAUNCH_BLOCKING", "CUDA_INJECTION64_PATH", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+    for variable in ("CUDA_LAUNCH_BLOCKING", *launch.INJECTED_TOOL_VARIABLES, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
                      "POLYKERNELS_GDN_CONCURRENT"):
         monkeypatch.delenv(variable, raising=False)
     recipe = _sm90_recipe(monkeypatch, 1, 32768, 32, 32, None)
@@ -272,7 +272,10 @@ def test_concurrent_recipe_launches_the_prepare_pass_as_the_waiting_sequential_p
     assert not serial.concurrent and not serial.prepare_meta["CONCURRENT"] and not serial.recurrence_meta["AWAIT"]
     assert "launch_pdl" not in serial.prepare_meta
     assert serial.workspace.parts[launch._Scratch._fields.index("flags")].shape == (0,)
+    # Nsight Compute and compute-sanitizer 2025.3 set the second and third, not CUDA_INJECTION64_PATH.
     for variable, value in (("CUDA_LAUNCH_BLOCKING", "1"), ("CUDA_INJECTION64_PATH", "/a/profiler.so"),
+                            ("NV_NSIGHT_INJECTION_TRANSPORT_TYPE", "uds"),
+                            ("NV_SANITIZER_INJECTION_TRANSPORT_TYPE", "uds"),
                             ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "50"), ("POLYKERNELS_GDN_CONCURRENT", "0")):
         with monkeypatch.context() as env:  # launches that run one after the other: never side by side
             env.setenv(variable, value)
