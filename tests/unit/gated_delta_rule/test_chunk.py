@@ -909,8 +909,8 @@ def test_prepare_products_of_fp32_inputs_in_three_tf32_passes_where_they_fit(
         assert prepare_precision(fp32_inputs=True) == ("ieee", "ieee")
 
 
-def _compile_failure(name: str, constexprs: str, target: str) -> str:
-    """Compiles the registry's ``name`` with ``constexprs`` (a dict literal, merged over its own) for
+def _compile_failure(name: str, constexprs: dict[str, int], target: str) -> str:
+    """Compiles the registry's ``name`` with ``constexprs`` (merged over its own) for
     ``target`` in a process of its own, as the compile matrix does (these tests run Triton's
     interpreter); asserts that it fails and returns its stderr."""
     import os
@@ -920,7 +920,7 @@ def _compile_failure(name: str, constexprs: str, target: str) -> str:
     code = (
         "import dataclasses; from polykernels import kernel_registry as r\n"
         f"spec = r.kernels()[{name!r}]\n"
-        f"changed = dataclasses.replace(spec, name='changed', constexprs={{**spec.constexprs, **{constexprs}}})\n"
+        f"changed = dataclasses.replace(spec, name='changed', constexprs={{**spec.constexprs, **{constexprs!r}}})\n"
         f"r.register(changed); r.compile_here('changed', {target!r})\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -934,7 +934,7 @@ def _compile_failure(name: str, constexprs: str, target: str) -> str:
 def test_compile_matrix_fails_a_kernel_that_no_stage_count_fits() -> None:
     # fp32 state and value tiles of 256 x 128 need 128 KiB of shared memory with one stage: no
     # MI300X program (64 KiB) can launch it, and the matrix must say so on this CPU.
-    stderr = _compile_failure("gdn_recurrence_fp32", "{'K': 256, 'BK': 256, 'V': 256, 'BV': 128, 'NV': 2}",
+    stderr = _compile_failure("gdn_recurrence_fp32", {"K": 256, "BK": 256, "V": 256, "BV": 128, "NV": 2},
                               "hip:gfx942")
     assert ("needs 131072 bytes of shared memory per program even with one pipeline stage; hip:gfx942 has 65536"
             in stderr), stderr[-2000:]
@@ -946,5 +946,5 @@ def test_hopper_passes_refuse_one_copy_stage(name: str) -> None:
     # With one stage the copies of the next chunk would land in the tiles the chunk's products are
     # reading: on the H200 the outputs went wrong (an inf against the two-stage pass) with no error.
     # A launch table set to 1 must fail to compile instead.
-    stderr = _compile_failure(name, "{'STAGES': 1}", "cuda:90")
+    stderr = _compile_failure(name, {"STAGES": 1}, "cuda:90")
     assert "STAGES must be at least 2" in stderr, stderr[-2000:]
