@@ -16,9 +16,11 @@ place. wgmma's 64-row products make BV = 64 per warpgroup: a program of one warp
 the state of its own 64 rows of h^T, and each chunk's q, k, w and P tiles are copied once for both
 (launch.HOPPER_REGISTER_PAIRS, where the pairs still fill every SM: at B8 T4096 32/32 on the H200
 the one-warpgroup pass had L2 at 96% of its peak, and the pairs took it from 408 to 373 us,
-BENCHMARKS.md "seventeenth set"). It runs uncut sequences (launch._recipe): on the H200 a chunk
-of 64 columns takes it about 1.3x what the shared-state pass takes for 32, and beside the segment
-passes it was the slower one ("thirteenth set").
+BENCHMARKS.md "seventeenth set"). It runs uncut sequences and, where each segment has enough chunks,
+the output pass of cut ones (launch._recipe, launch.HOPPER_REGISTER_CUT): on the H200 a chunk of 64
+columns takes it about 1.3x what the shared-state pass takes for 32, and as the output pass beside
+the segment passes it took 101 us where the shared-state pass took 120 ("twenty-third set"). It has
+no segment-state form: the segment-state pass is hopper_kernels'.
 
 With AWAIT the pass runs beside the prepare pass (launch.plan_segments' concurrent form: one
 sequence per batch row, wide-tile programs that leave at least half the SMs): it is launched first,
@@ -101,7 +103,7 @@ def gdn_recurrence_hopper_rs_kernel(
     WARPS: gl.constexpr = gl.num_warps()
     gl.static_assert(STAGES >= 2, "the Hopper pass copies a chunk ahead: STAGES must be at least 2")
     gl.static_assert(BV == 16 * WARPS, "the state's rows are 64-row products, one warpgroup each")
-    # Uncut sequences only (launch._recipe): beside the segment passes the shared-state pass was faster.
+    # No segment-state form (launch._recipe runs hopper_kernels' pass for it).
     gl.static_assert(not SEGMENT_STATE, "the segment-state pass is hopper_kernels'")
     gl.static_assert(not (AWAIT and VARLEN), "ready flags are numbered by batch row and chunk")
     state_l: gl.constexpr = _mma_layout(BK, WARPS)  # h^T: BV x K

@@ -237,6 +237,12 @@ HOPPER_STAGES: Mapping[int, int] = types.MappingProxyType({32: 3, 64: 2})
 # so its V tile is wgmma's 64 rows): cp.async stages per V tile. A V tile in this table runs it
 # instead of hopper_kernels' pass.
 HOPPER_REGISTER_STAGES: Mapping[int, int] = types.MappingProxyType({64: 3})
+# Cut sequences too: their output pass runs the register-state pass where every segment has at least
+# this many chunks, per V tile of HOPPER_REGISTER_STAGES (the segment-state pass stays hopper_kernels':
+# the register-state pass has no segment-state form). On the H200 the output pass went 120 -> 101 us at
+# 1x32768 2/8 (64 chunks per segment), the op -2.8 to -3.9% at 64 and 128 chunks per segment and +1.9% at
+# 16 (varlen 6144+2048), BENCHMARKS.md "twenty-third set".
+HOPPER_REGISTER_CUT: Mapping[int, int] = types.MappingProxyType({64: 64})
 # The same pass with two warpgroups per program, each holding one of two neighbouring V tiles' state:
 # the chunk's q, k, w and P tiles are copied once for both (at B8 T4096 32/32 the one-warpgroup pass
 # had L2 at 96% of its peak, ncu). Per V tile of HOPPER_REGISTER_STAGES: the stages the pair fits in
@@ -343,7 +349,8 @@ def launch_chunk_gated_delta_rule(
                      RECURRENCE_LAUNCH[block_k], PREPARE_LAUNCH[max(block_k, PREPARE_MIN_BLOCK)],
                      tuple(HOPPER_STAGES.items()), tuple(HOPPER_PREPARE.items()),
                      tuple(HOPPER_REGISTER_STAGES.items()), tuple(HOPPER_REGISTER_PAIRS.items()),
-                     tuple(HOPPER_CONCURRENT.items()), tuple(COMBINE_LAUNCH.items()))
+                     tuple(HOPPER_CONCURRENT.items()), tuple(COMBINE_LAUNCH.items()),
+                     tuple(HOPPER_REGISTER_CUT.items()))
     run = _launchers()
     cu = cu_seqlens if cu_seqlens is not None else _unused_offsets(device)
     initial = initial_state.float().contiguous() if initial_state is not None else final
@@ -420,7 +427,10 @@ def _launches(recipe: _Recipe, run: SimpleNamespace,
                 (prepare, recipe.prepare_grid, "prepare", recipe.prepare_meta, spec)]
     launches = [(prepare, recipe.prepare_grid, "prepare", recipe.prepare_meta, spec)]
     if recipe.segment_chunks:
-        launches += [(sequential, recipe.segment_state_grid, "segment_state", recipe.segment_state_meta, (spec, True)),
+        # The segment-state pass is hopper_kernels' (the register-state pass has no segment-state form).
+        segment_state = _hopper_launcher() if recipe.hopper_registers else sequential
+        launches += [(segment_state, recipe.segment_state_grid, "segment_state", recipe.segment_state_meta,
+                      (spec, True)),
                      (run.combine, recipe.combine_grid, "combine", recipe.combine_meta, spec)]
     launches.append((sequential, recipe.recurrence_grid, "recurrence", recipe.recurrence_meta, (spec, False)))
     return launches
@@ -446,7 +456,7 @@ class _Recipe:
     recurrence_grid: tuple[int, ...]
     recurrence_meta: dict[str, object]
     hopper: bool  # the sequential passes run a Gluon kernel: hopper_kernels' ...
-    hopper_registers: bool  # ... or hopper_register_kernels' (the state in registers; uncut sequences)
+    hopper_registers: bool  # ... or hopper_register_kernels' (the state in registers; the output pass only)
     hopper_prepare: bool  # the prepare pass runs hopper_prepare_kernels' Gluon kernel
     concurrent: bool  # the sequential pass runs beside the prepare pass, launched first (ready_flags)
     sequential_programs: int  # concurrent: the sequential pass's grid size (ready_flags.finish_prepare)
@@ -463,7 +473,7 @@ def _recipe(
     prepare_launch: tuple[int, int], hopper_stages: tuple[tuple[int, int], ...],
     hopper_prepare: tuple[tuple[int, int | None], ...], hopper_register_stages: tuple[tuple[int, int], ...],
     hopper_register_pairs: tuple[tuple[int, int], ...], hopper_concurrent: tuple[tuple[int, tuple[int, int]], ...],
-    combine_launch: tuple[tuple[str, int], ...],
+    combine_launch: tuple[tuple[str, int], ...], hopper_register_cut: tuple[tuple[int, int], ...],
 ) -> _Recipe:
     batch, tokens, heads, key_dim = q_shape
     value_heads, value_dim = v_shape[2], v_shape[3]
@@ -504,10 +514,14 @@ def _recipe(
     value_tiles = -(-value_dim // block_v)
     recurrence = {**shape, "BV": block_v, "NV": value_tiles, **where}
     recurrence_tail = {"num_warps": num_warps, "num_stages": num_stages}
-    # The register-state pass where the plan cut nothing: beside the segment passes it measured 1-4%
-    # slower than the shared-state pass at the wide tile (BENCHMARKS.md, "thirteenth set").
+    # The register-state pass: uncut sequences, and the output pass of long enough segments
+    # (HOPPER_REGISTER_CUT).
     if segment_chunks:
-        register_stages = None
+        # (the segment-state pass beside it needs hopper_kernels' pass at the same tile)
+        least = dict(hopper_register_cut).get(block_v)
+        register_stages = (dict(hopper_register_stages).get(block_v)
+                           if least is not None and segment_chunks >= least and block_v in dict(hopper_stages)
+                           else None)
     elif plan.concurrent and beside:
         register_stages = beside[1]
     elif plan.warpgroups == 2:  # the plan pairs only tiles that table holds
@@ -519,8 +533,11 @@ def _recipe(
     hopper_registers = hopper and register_stages is not None
     if hopper:
         recurrence_tail = {"STAGES": stages, "num_warps": 4 * plan.warpgroups}
+    segment_tail = recurrence_tail
     if hopper_registers:
-        recurrence_tail["AWAIT"] = plan.concurrent
+        recurrence_tail = {**recurrence_tail, "AWAIT": plan.concurrent}
+        if segment_chunks:  # the segment-state pass stays hopper_kernels'
+            segment_tail = {"STAGES": dict(hopper_stages)[block_v], "num_warps": 4}
     prepare_tail = {"num_warps": prep_warps, "num_stages": 1}
     if gluon_prepare:
         # Beside the sequential pass: its programmatic dependent, started once every sequential program
@@ -531,7 +548,7 @@ def _recipe(
     return _Recipe(
         spec=(q_shape, v_shape, dtype, cu_dtype, num_seqs, has_initial, output_final_state, l2norm, num_segments,
               device, seen, block_vs, launch, prepare_launch, hopper_stages, hopper_prepare, hopper_register_stages,
-              hopper_register_pairs, hopper_concurrent, combine_launch),
+              hopper_register_pairs, hopper_concurrent, combine_launch, hopper_register_cut),
         chunks_per_seq=chunks_per_seq, segment_chunks=segment_chunks,
         segments_per_seq=segments_per_seq, max_segments=max_segments, segment_tokens=segment_tokens,
         prepare_grid=(max_chunks, value_heads),
@@ -540,7 +557,7 @@ def _recipe(
                       **prepare_tail},
         segment_state_grid=(value_tiles + -(-key_dim // block_v), max_segments, value_heads),
         segment_state_meta={**recurrence, "HAS_INITIAL": False, "SEGMENT_STATE": True, "STORE_FINAL": False,
-                            **recurrence_tail},
+                            **segment_tail},
         combine_grid=(-(-value_dim // combine_bv), num_seqs, value_heads),
         combine_meta={"HV": value_heads, "K": key_dim, "V": value_dim, "BK": block_k, "BV": combine_bv,
                       "KB": combine_operator_block(block_k, combine["whole_k"]), "HAS_INITIAL": has_initial,

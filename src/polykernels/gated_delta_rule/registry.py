@@ -145,8 +145,9 @@ for _name, _concurrent in (("gdn_prepare_hopper", False), ("gdn_prepare_hopper_c
         allowed=_on_hopper, platform_constexprs=functools.partial(_prepare_precision, False),
         options={"num_warps": 4, **({"maxnreg": _PREPARE_CAP} if _PREPARE_CAP else {})},
     ))
-# The Gluon sequential pass with the state in registers (sm_90 only), at its one V tile (64 columns);
-# uncut sequences only (launch._recipe), so no segment-state form.
+# The Gluon sequential pass with the state in registers (sm_90 only), at its one V tile (64 columns):
+# the output pass (of uncut sequences, and of cut ones' segments from their initial states); no
+# segment-state form.
 # Also its two-warpgroup form (two neighbouring V tiles per program), and the form that waits for
 # each chunk's ready flag beside the prepare pass (one sequence per batch row: no packed sequences).
 _RS_SIGNATURE = {**{name: kind for name, kind in _RECURRENCE_SIGNATURE.items() if kind != "constexpr"},

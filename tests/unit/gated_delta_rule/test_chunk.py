@@ -224,7 +224,7 @@ def _sm90_recipe(monkeypatch: pytest.MonkeyPatch, batch: int, tokens: int, heads
         launch.RECURRENCE_LAUNCH[128], launch.PREPARE_LAUNCH[128], tuple(launch.HOPPER_STAGES.items()),
         tuple(launch.HOPPER_PREPARE.items()), tuple(launch.HOPPER_REGISTER_STAGES.items()),
         tuple(launch.HOPPER_REGISTER_PAIRS.items()), tuple(launch.HOPPER_CONCURRENT.items()),
-        tuple(launch.COMBINE_LAUNCH.items()))
+        tuple(launch.COMBINE_LAUNCH.items()), tuple(launch.HOPPER_REGISTER_CUT.items()))
 
 
 def test_segment_plan_runs_the_passes_side_by_side_where_wide_tiles_leave_half_the_sms() -> None:
@@ -293,13 +293,17 @@ def test_concurrent_recipe_launches_the_prepare_pass_as_the_waiting_sequential_p
 
 
 @pytest.mark.parametrize(("value_heads", "num_segments", "registers"), [
-    (64, None, True), (64, 2, False), (32, None, False)], ids=["uncut-wide", "cut", "narrow"])
-def test_register_state_pass_runs_uncut_wide_tiles_on_sm90(monkeypatch: pytest.MonkeyPatch, value_heads: int,
-                                                           num_segments: int | None, registers: bool) -> None:
-    # The recipe picks hopper_register_kernels' pass at the wide tile of uncut sequences on sm_90;
-    # cut sequences (beside the segment passes it was slower) and narrow tiles keep hopper_kernels'.
+    (64, None, True), (64, 2, True), (64, 8, False), (32, None, False)],
+    ids=["uncut-wide", "cut-64-chunks", "cut-16-chunks", "narrow"])
+def test_register_state_pass_runs_wide_tiles_of_long_segments_on_sm90(
+        monkeypatch: pytest.MonkeyPatch, value_heads: int, num_segments: int | None, registers: bool) -> None:
+    # The recipe picks hopper_register_kernels' pass at the wide tile on sm_90 for uncut sequences and
+    # for the output pass of segments of at least HOPPER_REGISTER_CUT's chunks (1 x 8192: 128 chunks, in
+    # two segments of 64 or eight of 16); shorter segments and narrow tiles keep hopper_kernels'. The
+    # segment-state pass is always hopper_kernels'.
     from polykernels.gated_delta_rule import launch
 
+    assert launch.HOPPER_REGISTER_CUT[64] == 64
     monkeypatch.setattr(launch, "HOPPER_CONCURRENT", {})  # 1 x 8192 x 32 heads would run side by side
     recipe = _sm90_recipe(monkeypatch, 1, 8192, value_heads // 4, value_heads, num_segments)
     assert recipe.hopper and recipe.hopper_registers is registers
@@ -307,6 +311,13 @@ def test_register_state_pass_runs_uncut_wide_tiles_on_sm90(monkeypatch: pytest.M
     assert recipe.recurrence_meta["STAGES"] == (launch.HOPPER_REGISTER_STAGES[64] if registers
                                                 else launch.HOPPER_STAGES[recipe.recurrence_meta["BV"]])
     assert recipe.recurrence_meta["num_warps"] == 4
+    if num_segments:
+        assert recipe.segment_state_meta["STAGES"] == launch.HOPPER_STAGES[64] and "AWAIT" not in (
+            recipe.segment_state_meta)
+        sequential = [launcher for launcher, _, name, _, _ in launch._launches(recipe, launch._launchers(), ())
+                      if name in ("segment_state", "recurrence")]
+        register_launcher = launch._hopper_register_launcher()
+        assert [launcher is register_launcher for launcher in sequential] == [False, registers]
 
 
 def test_register_state_pass_pairs_tiles_where_the_pairs_fill_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -584,15 +595,16 @@ def _starting_mid_row(tensor: torch.Tensor) -> torch.Tensor:
     (3000, 128, 128, None, None, torch.float16, False),
     (1000, 128, 128, None, None, torch.bfloat16, True)],
     ids=["K128", "K64-V100-packed-3seg", "K128-packed-3seg", "K128-V64-2seg", "K128-fp16", "K128-qk-mid-row"])
-@pytest.mark.parametrize("variant", ["shared-state", "register-state", "register-pair"])
+@pytest.mark.parametrize("variant", ["shared-state", "register-state", "register-state-cut", "register-pair"])
 def test_gpu_hopper_pass_matches_the_portable_pass(gpu_device: str, monkeypatch: pytest.MonkeyPatch, tokens: int,
                                                    key_dim: int, value_dim: int, lengths, segments,
                                                    dtype: torch.dtype, mid_row: bool, variant: str) -> None:
     # Each Gluon sequential pass (sm_90) against the pass that runs without it on the same prepared
     # chunks (the shared-state pass against the Triton one; the register-state pass, at its 64-column
-    # V tile, against the shared-state pass; its two-warpgroup form, two tiles per program, against
-    # the one-warpgroup form): cp.async tiles reading zeros past each sequence's end and past V (100
-    # columns), fp16, and q, k views starting off a 16-byte boundary (copied first).
+    # V tile, against the shared-state pass, on uncut sequences and as the output pass of cut ones;
+    # its two-warpgroup form, two tiles per program, against the one-warpgroup form): cp.async tiles
+    # reading zeros past each sequence's end and past V (100 columns), fp16, and q, k views starting
+    # off a 16-byte boundary (copied first).
     if torch.cuda.get_device_capability(gpu_device) != (9, 0):
         pytest.skip("the Gluon sequential passes run on sm_90 only; the other GPU tests cover this GPU's pass")
     from polykernels.gated_delta_rule import launch
@@ -600,9 +612,11 @@ def test_gpu_hopper_pass_matches_the_portable_pass(gpu_device: str, monkeypatch:
     if variant == "shared-state":
         monkeypatch.setattr(launch, "HOPPER_REGISTER_STAGES", {})
         factory, table = "_hopper_launcher", "HOPPER_STAGES"
-    else:  # at its 64-column tile, on uncut sequences (the recipe's rule)
+    else:  # at its 64-column tile, on uncut sequences or (cut) segments of any length
         monkeypatch.setattr(launch, "RECURRENCE_BLOCK_V", {**launch.RECURRENCE_BLOCK_V, key_dim: (64, 64)})
-        factory, table, segments = "_hopper_register_launcher", "HOPPER_REGISTER_STAGES", 1
+        factory, table = "_hopper_register_launcher", "HOPPER_REGISTER_STAGES"
+        segments = (segments or 2) if variant == "register-state-cut" else 1
+        monkeypatch.setattr(launch, "HOPPER_REGISTER_CUT", {64: 1})
     if variant == "register-pair":  # pairs on a GPU of one SM: they always fill it
         from polykernels import platform
 
