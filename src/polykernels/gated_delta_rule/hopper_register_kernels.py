@@ -19,8 +19,10 @@ the one-warpgroup pass had L2 at 96% of its peak, and the pairs took it from 408
 BENCHMARKS.md "seventeenth set"). It runs uncut sequences and, where each segment has enough chunks,
 the output pass of cut ones (launch._recipe, launch.HOPPER_REGISTER_CUT): on the H200 a chunk of 64
 columns takes it about 1.3x what the shared-state pass takes for 32, and as the output pass beside
-the segment passes it took 101 us where the shared-state pass took 120 ("twenty-third set"). It has
-no segment-state form: the segment-state pass is hopper_kernels'.
+the segment passes it took 101 us where the shared-state pass took 120 ("twenty-third set"). With
+SEGMENT_STATE it is the segment-state pass of those cut sequences (columns [V | K] as in hopper_kernels:
+each segment's state from zero, and its transition from the identity with u = 0; no outputs, so q's and
+P's tiles are never copied: two stages fit 81 KiB, two programs per SM).
 
 With AWAIT the pass runs beside the prepare pass (launch.plan_segments' concurrent form: one
 sequence per batch row, wide-tile programs that leave at least half the SMs): it is launched first,
@@ -62,13 +64,15 @@ def _vector_layout(warps):
 
 
 @gluon.jit
-def _copy_chunk_t(chunk_start, end, stage, i_h, i_hv, col0, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr,
+def _copy_chunk_t(chunk_start, end, stage, i_h, i_hv, col0, u_limit, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr,
                   KS_ptr, w_s, k_s, q_s, p_s, u_s, scales_s, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
-                  V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr, U_COLS_IN: gl.constexpr):
-    """The chunk's tiles and its per-token scales (q's, then k's) into stage ``stage``, one cp.async
-    group. Transposed, a scale vector costs 16 registers per thread: they wait in shared memory."""
-    _copy_chunk_tiles(chunk_start, end, stage, i_h, i_hv, col0, V, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr,
-                      w_s, k_s, q_s, p_s, u_s, H, HV, K, V, BT, BK, BV, True, False, U_COLS_IN)
+                  V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr, OUTPUTS: gl.constexpr,
+                  U_COLS_IN: gl.constexpr):
+    """The chunk's tiles (q's and P's only with OUTPUTS; u's columns past ``u_limit`` read 0) and its
+    per-token scales (q's, then k's) into stage ``stage``, one cp.async group. Transposed, a scale
+    vector costs 16 registers per thread: they wait in shared memory."""
+    _copy_chunk_tiles(chunk_start, end, stage, i_h, i_hv, col0, u_limit, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr,
+                      w_s, k_s, q_s, p_s, u_s, H, HV, K, V, BT, BK, BV, OUTPUTS, False, U_COLS_IN)
     layout: gl.constexpr = _vector_layout(gl.num_warps())
     i = gl.arange(0, 2 * BT, layout=layout)
     token = i % BT
@@ -103,9 +107,8 @@ def gdn_recurrence_hopper_rs_kernel(
     WARPS: gl.constexpr = gl.num_warps()
     gl.static_assert(STAGES >= 2, "the Hopper pass copies a chunk ahead: STAGES must be at least 2")
     gl.static_assert(BV == 16 * WARPS, "the state's rows are 64-row products, one warpgroup each")
-    # No segment-state form (launch._recipe runs hopper_kernels' pass for it).
-    gl.static_assert(not SEGMENT_STATE, "the segment-state pass is hopper_kernels'")
     gl.static_assert(not (AWAIT and VARLEN), "ready flags are numbered by batch row and chunk")
+    gl.static_assert(not (AWAIT and SEGMENT_STATE), "beside the prepare pass only as the output pass")
     state_l: gl.constexpr = _mma_layout(BK, WARPS)  # h^T: BV x K
     chunk_l: gl.constexpr = _mma_layout(BT, WARPS)  # v_new^T, o^T: BV x BT
     # Left operands from registers: an accumulator's registers are already the operand's.
@@ -115,7 +118,9 @@ def gdn_recurrence_hopper_rs_kernel(
     k_cols: gl.constexpr = gl.SliceLayout(0, state_l)
     tokens_of: gl.constexpr = gl.SliceLayout(0, chunk_l)
     dtype: gl.constexpr = W_ptr.dtype.element_ty
-    U_COLS_IN: gl.constexpr = V % BV == 0
+    OUTPUTS: gl.constexpr = not SEGMENT_STATE
+    # u's columns all lie inside V: no column mask (the transition programs mask all of theirs: u = 0).
+    U_COLS_IN: gl.constexpr = V % BV == 0 and OUTPUTS
 
     i_col = gl.program_id(0)
     i_s = gl.program_id(1).to(gl.int64)
@@ -123,15 +128,26 @@ def gdn_recurrence_hopper_rs_kernel(
     i_h = i_hv // (HV // H)
     n, j, count, start, end, valid = _segment(i_s, CU, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN, LOG_N)
     k_idx = gl.arange(0, BK, layout=k_cols)
-    col0 = i_col * BV
-    cols = col0 + gl.arange(0, BV, layout=v_rows)
-    # The state is stored K x V: h^T's element (v, k) sits at k * V + v.
-    tile = k_idx[None, :] * V + cols[:, None]
-    tile_mask = (k_idx[None, :] < K) & (cols[:, None] < V) & valid
-    if HAS_INITIAL:
-        state = gl.load(HINIT_ptr + (i_s * HV + i_hv) * K * V + tile, mask=tile_mask, other=0.0)
+    if SEGMENT_STATE:
+        # Columns [V | K] as in hopper_kernels: value tiles from a zero state, then the transition's
+        # from the identity (its tile of M^T).
+        end = gl.where(j < count - 1, end, start)  # a sequence's last segment needs neither
+        is_transition = i_col >= NV
+        col0 = gl.where(is_transition, i_col - NV, i_col) * BV
+        cols = col0 + gl.arange(0, BV, layout=v_rows)
+        state = gl.where(is_transition & (cols[:, None] == k_idx[None, :]), 1.0, 0.0)
+        u_limit = gl.where(is_transition, 0, V)  # the transition columns have u = 0
     else:
-        state = gl.zeros([BV, BK], gl.float32, layout=state_l)
+        col0 = i_col * BV
+        cols = col0 + gl.arange(0, BV, layout=v_rows)
+        u_limit = V
+        # The state is stored K x V: h^T's element (v, k) sits at k * V + v.
+        tile = k_idx[None, :] * V + cols[:, None]
+        tile_mask = (k_idx[None, :] < K) & (cols[:, None] < V) & valid
+        if HAS_INITIAL:
+            state = gl.load(HINIT_ptr + (i_s * HV + i_hv) * K * V + tile, mask=tile_mask, other=0.0)
+        else:
+            state = gl.zeros([BV, BK], gl.float32, layout=state_l)
 
     chunk_layout: gl.constexpr = _smem_layout(BT, BK)
     w_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], chunk_layout)
@@ -152,8 +168,8 @@ def gdn_recurrence_hopper_rs_kernel(
     for ahead in gl.static_range(STAGES - 1):
         if AWAIT:
             await_flag(flags + gl.minimum(ahead, last) * HV)
-        _copy_chunk_t(start + ahead * BT, end, ahead, i_h, i_hv, col0, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr,
-                      QS_ptr, KS_ptr, w_s, k_s, q_s, p_s, u_s, scales_s, H, HV, K, V, BT, BK, BV, U_COLS_IN)
+        _copy_chunk_t(start + ahead * BT, end, ahead, i_h, i_hv, col0, u_limit, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr,
+                      QS_ptr, KS_ptr, w_s, k_s, q_s, p_s, u_s, scales_s, H, HV, K, V, BT, BK, BV, OUTPUTS, U_COLS_IN)
     zero = gl.zeros([BV, BT], gl.float32, layout=chunk_l)
     # Each chunk's output waits in shared memory (two buffers, alternating) and leaves during the
     # next chunk, while its products run: held in registers across the loop it made the pass spill.
@@ -170,32 +186,43 @@ def gdn_recurrence_hopper_rs_kernel(
         minus_h = gl.convert_layout((-state).to(dtype), state_a)
         u_t = u_s.index(stage).permute((1, 0)).load(chunk_l).to(gl.float32)
         v_new = warpgroup_mma(minus_h, w_s.index(stage).permute((1, 0)), u_t, is_async=True)
-        minus_qh = warpgroup_mma(minus_h, q_s.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True)
+        if OUTPUTS:
+            minus_qh = warpgroup_mma(minus_h, q_s.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True)
         # While the products run: the chunk STAGES - 1 ahead into the stage the previous chunk used.
         if AWAIT:
             await_flag(flags + gl.minimum(c + STAGES - 1, last) * HV)
-        _copy_chunk_t(chunk_start + (STAGES - 1) * BT, end, (c + STAGES - 1) % STAGES, i_h, i_hv, col0, Q_ptr,
-                      K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, w_s, k_s, q_s, p_s, u_s, scales_s, H, HV, K, V, BT,
-                      BK, BV, U_COLS_IN)
-        if c > 0:  # the previous chunk's output
+        _copy_chunk_t(chunk_start + (STAGES - 1) * BT, end, (c + STAGES - 1) % STAGES, i_h, i_hv, col0, u_limit,
+                      Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, w_s, k_s, q_s, p_s, u_s, scales_s, H, HV, K,
+                      V, BT, BK, BV, OUTPUTS, U_COLS_IN)
+        if OUTPUTS and c > 0:  # the previous chunk's output
             _store_output_t(O_ptr, out_s.index((c + 1) % 2), chunk_start - BT, end, i_hv, col0, HV, V, BT, BV)
         k_scale = scales_s.index(stage).slice(BT, BT).load(tokens_of)
-        v_new = warpgroup_mma_wait(1, deps=(v_new,))  # q h may run on
+        v_new = warpgroup_mma_wait(1 if OUTPUTS else 0, deps=(v_new,))  # q h may run on
         update = gl.convert_layout((v_new * k_scale[None, :]).to(dtype), update_a)
         state = warpgroup_mma(update, k_s.index(stage), state * decay, is_async=True)
-        minus_q_scale = -scales_s.index(stage).slice(0, BT).load(tokens_of)
-        minus_qh = warpgroup_mma_wait(1, deps=(minus_qh,))
-        out = warpgroup_mma(gl.convert_layout(v_new.to(dtype), state_a), p_s.index(stage).permute((1, 0)),
-                            minus_qh * minus_q_scale[None, :], is_async=True)
-        state, out = warpgroup_mma_wait(0, deps=(state, out))
-        out_s.index(c % 2).store(out.to(dtype))
+        if OUTPUTS:
+            minus_q_scale = -scales_s.index(stage).slice(0, BT).load(tokens_of)
+            minus_qh = warpgroup_mma_wait(1, deps=(minus_qh,))
+            out = warpgroup_mma(gl.convert_layout(v_new.to(dtype), state_a), p_s.index(stage).permute((1, 0)),
+                                minus_qh * minus_q_scale[None, :], is_async=True)
+            state, out = warpgroup_mma_wait(0, deps=(state, out))
+            out_s.index(c % 2).store(out.to(dtype))
+        else:
+            state = warpgroup_mma_wait(0, deps=(state,))
     async_copy.wait_group(0)
-    if chunks > 0:
+    if OUTPUTS and chunks > 0:
         gl.thread_barrier()  # every thread's part of the last output tile is in
         _store_output_t(O_ptr, out_s.index((chunks + 1) % 2), start + (chunks - 1) * BT, end, i_hv, col0, HV, V, BT,
                         BV)
 
-    if STORE_FINAL:
+    if SEGMENT_STATE:  # stored K x V and K x K, as hopper_kernels' pass stores them
+        base = (i_s * HV + i_hv) * K
+        store_mask = (k_idx[None, :] < K) & valid
+        gl.store(HLOC_ptr + (base + k_idx[None, :]) * V + cols[:, None], state,
+                 mask=store_mask & (cols[:, None] < V) & ~is_transition)
+        gl.store(M_ptr + (base + k_idx[None, :]) * K + cols[:, None], state,
+                 mask=store_mask & (cols[:, None] < K) & is_transition)
+    elif STORE_FINAL:
         gl.store(HT_ptr + (n * HV + i_hv) * K * V + tile, state, mask=tile_mask & (j == count - 1))
     if AWAIT:  # counted done after the flags (ready_flags.finish_prepare waits for every program)
         finish_sequential(FLAGS + N * ((T + BT - 1) // BT) * HV + 1)

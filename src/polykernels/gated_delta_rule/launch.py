@@ -238,11 +238,15 @@ HOPPER_STAGES: Mapping[int, int] = types.MappingProxyType({32: 3, 64: 2})
 # instead of hopper_kernels' pass.
 HOPPER_REGISTER_STAGES: Mapping[int, int] = types.MappingProxyType({64: 3})
 # Cut sequences too: their output pass runs the register-state pass where every segment has at least
-# this many chunks, per V tile of HOPPER_REGISTER_STAGES (the segment-state pass stays hopper_kernels':
-# the register-state pass has no segment-state form). On the H200 the output pass went 120 -> 101 us at
+# this many chunks, per V tile of HOPPER_REGISTER_STAGES (and their segment-state pass, where
+# HOPPER_REGISTER_SEGMENT_STAGES holds the tile). On the H200 the output pass went 120 -> 101 us at
 # 1x32768 2/8 (64 chunks per segment), the op -2.8 to -3.9% at 64 and 128 chunks per segment and +1.9% at
 # 16 (varlen 6144+2048), BENCHMARKS.md "twenty-third set".
 HOPPER_REGISTER_CUT: Mapping[int, int] = types.MappingProxyType({64: 64})
+# Where the output pass of cut sequences runs the register-state pass, their segment-state pass does too,
+# per V tile, with these cp.async stages (two: 81 KiB, two programs per SM as hopper_kernels' pass runs
+# it); a tile not in this table keeps hopper_kernels' segment-state pass.
+HOPPER_REGISTER_SEGMENT_STAGES: Mapping[int, int] = types.MappingProxyType({64: 2})
 # The same pass with two warpgroups per program, each holding one of two neighbouring V tiles' state:
 # the chunk's q, k, w and P tiles are copied once for both (at B8 T4096 32/32 the one-warpgroup pass
 # had L2 at 96% of its peak, ncu). Per V tile of HOPPER_REGISTER_STAGES: the stages the pair fits in
@@ -350,7 +354,7 @@ def launch_chunk_gated_delta_rule(
                      tuple(HOPPER_STAGES.items()), tuple(HOPPER_PREPARE.items()),
                      tuple(HOPPER_REGISTER_STAGES.items()), tuple(HOPPER_REGISTER_PAIRS.items()),
                      tuple(HOPPER_CONCURRENT.items()), tuple(COMBINE_LAUNCH.items()),
-                     tuple(HOPPER_REGISTER_CUT.items()))
+                     tuple(HOPPER_REGISTER_CUT.items()), tuple(HOPPER_REGISTER_SEGMENT_STAGES.items()))
     run = _launchers()
     cu = cu_seqlens if cu_seqlens is not None else _unused_offsets(device)
     initial = initial_state.float().contiguous() if initial_state is not None else final
@@ -378,7 +382,8 @@ def launch_chunk_gated_delta_rule(
         return _Arguments(
             prepare=(q, k, v, g, beta, *prepared, cu, tokens, num_seqs, recipe.chunks_per_seq, scale,
                      *((scratch.flags, recipe.sequential_programs) if recipe.hopper_prepare else ())),
-            segment_state=(q, k, *prepared, final, final, o, scratch.h_local, scratch.transitions, *segments),
+            segment_state=(q, k, *prepared, final, final, o, scratch.h_local, scratch.transitions, *segments,
+                           *((scratch.flags,) if recipe.segment_registers else ())),
             combine=(initial, scratch.h_local, scratch.transitions, scratch.h_init, cu, num_seqs,
                      recipe.segments_per_seq, recipe.segment_tokens),
             recurrence=(q, k, *prepared, h_init, final, o, final, final, *segments,
@@ -427,8 +432,8 @@ def _launches(recipe: _Recipe, run: SimpleNamespace,
                 (prepare, recipe.prepare_grid, "prepare", recipe.prepare_meta, spec)]
     launches = [(prepare, recipe.prepare_grid, "prepare", recipe.prepare_meta, spec)]
     if recipe.segment_chunks:
-        # The segment-state pass is hopper_kernels' (the register-state pass has no segment-state form).
-        segment_state = _hopper_launcher() if recipe.hopper_registers else sequential
+        segment_state = (_hopper_register_launcher() if recipe.segment_registers else
+                         _hopper_launcher() if recipe.hopper_registers else sequential)
         launches += [(segment_state, recipe.segment_state_grid, "segment_state", recipe.segment_state_meta,
                       (spec, True)),
                      (run.combine, recipe.combine_grid, "combine", recipe.combine_meta, spec)]
@@ -456,7 +461,8 @@ class _Recipe:
     recurrence_grid: tuple[int, ...]
     recurrence_meta: dict[str, object]
     hopper: bool  # the sequential passes run a Gluon kernel: hopper_kernels' ...
-    hopper_registers: bool  # ... or hopper_register_kernels' (the state in registers; the output pass only)
+    hopper_registers: bool  # ... or hopper_register_kernels' (the state in registers), for the output pass
+    segment_registers: bool  # ... and for the segment-state pass
     hopper_prepare: bool  # the prepare pass runs hopper_prepare_kernels' Gluon kernel
     concurrent: bool  # the sequential pass runs beside the prepare pass, launched first (ready_flags)
     sequential_programs: int  # concurrent: the sequential pass's grid size (ready_flags.finish_prepare)
@@ -474,6 +480,7 @@ def _recipe(
     hopper_prepare: tuple[tuple[int, int | None], ...], hopper_register_stages: tuple[tuple[int, int], ...],
     hopper_register_pairs: tuple[tuple[int, int], ...], hopper_concurrent: tuple[tuple[int, tuple[int, int]], ...],
     combine_launch: tuple[tuple[str, int], ...], hopper_register_cut: tuple[tuple[int, int], ...],
+    hopper_register_segment_stages: tuple[tuple[int, int], ...],
 ) -> _Recipe:
     batch, tokens, heads, key_dim = q_shape
     value_heads, value_dim = v_shape[2], v_shape[3]
@@ -534,10 +541,12 @@ def _recipe(
     if hopper:
         recurrence_tail = {"STAGES": stages, "num_warps": 4 * plan.warpgroups}
     segment_tail = recurrence_tail
+    segment_stages = dict(hopper_register_segment_stages).get(block_v) if segment_chunks and hopper_registers else None
     if hopper_registers:
         recurrence_tail = {**recurrence_tail, "AWAIT": plan.concurrent}
-        if segment_chunks:  # the segment-state pass stays hopper_kernels'
-            segment_tail = {"STAGES": dict(hopper_stages)[block_v], "num_warps": 4}
+        if segment_chunks:  # the register-state segment-state pass, or hopper_kernels'
+            segment_tail = ({"STAGES": segment_stages, "num_warps": 4, "AWAIT": False} if segment_stages
+                            else {"STAGES": dict(hopper_stages)[block_v], "num_warps": 4})
     prepare_tail = {"num_warps": prep_warps, "num_stages": 1}
     if gluon_prepare:
         # Beside the sequential pass: its programmatic dependent, started once every sequential program
@@ -548,7 +557,8 @@ def _recipe(
     return _Recipe(
         spec=(q_shape, v_shape, dtype, cu_dtype, num_seqs, has_initial, output_final_state, l2norm, num_segments,
               device, seen, block_vs, launch, prepare_launch, hopper_stages, hopper_prepare, hopper_register_stages,
-              hopper_register_pairs, hopper_concurrent, combine_launch, hopper_register_cut),
+              hopper_register_pairs, hopper_concurrent, combine_launch, hopper_register_cut,
+              hopper_register_segment_stages),
         chunks_per_seq=chunks_per_seq, segment_chunks=segment_chunks,
         segments_per_seq=segments_per_seq, max_segments=max_segments, segment_tokens=segment_tokens,
         prepare_grid=(max_chunks, value_heads),
@@ -568,6 +578,7 @@ def _recipe(
                          "STORE_FINAL": output_final_state, **recurrence_tail},
         hopper=hopper,
         hopper_registers=hopper_registers,
+        segment_registers=segment_stages is not None,
         hopper_prepare=gluon_prepare,
         concurrent=plan.concurrent,
         sequential_programs=value_tiles * max_segments * value_heads if plan.concurrent else 0,

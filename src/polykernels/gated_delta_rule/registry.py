@@ -16,6 +16,7 @@ from polykernels.gated_delta_rule.launch import (
     HOPPER_CONCURRENT,
     HOPPER_PREPARE,
     HOPPER_REGISTER_PAIRS,
+    HOPPER_REGISTER_SEGMENT_STAGES,
     HOPPER_REGISTER_STAGES,
     HOPPER_STAGES,
     PREPARE_LAUNCH,
@@ -146,24 +147,26 @@ for _name, _concurrent in (("gdn_prepare_hopper", False), ("gdn_prepare_hopper_c
         options={"num_warps": 4, **({"maxnreg": _PREPARE_CAP} if _PREPARE_CAP else {})},
     ))
 # The Gluon sequential pass with the state in registers (sm_90 only), at its one V tile (64 columns):
-# the output pass (of uncut sequences, and of cut ones' segments from their initial states); no
-# segment-state form.
+# the output pass (of uncut sequences, and of cut ones' segments from their initial states), and the
+# segment-state pass of cut sequences.
 # Also its two-warpgroup form (two neighbouring V tiles per program), and the form that waits for
 # each chunk's ready flag beside the prepare pass (one sequence per batch row: no packed sequences).
 _RS_SIGNATURE = {**{name: kind for name, kind in _RECURRENCE_SIGNATURE.items() if kind != "constexpr"},
                  "FLAGS": "*i32", **{name: kind for name, kind in _RECURRENCE_SIGNATURE.items() if kind == "constexpr"},
                  "STAGES": "constexpr", "AWAIT": "constexpr"}
-for _name, _warpgroups, _stages, _await in (
-    ("gdn_recurrence_hopper_rs", 1, HOPPER_REGISTER_STAGES[_WIDE_BV], False),
-    ("gdn_recurrence_hopper_rs_pair", 2, HOPPER_REGISTER_PAIRS[_WIDE_BV], False),
-    ("gdn_recurrence_hopper_rs_concurrent", *HOPPER_CONCURRENT[128], True),
+for _name, _warpgroups, _stages, _await, _segment_state in (
+    ("gdn_recurrence_hopper_rs", 1, HOPPER_REGISTER_STAGES[_WIDE_BV], False, False),
+    ("gdn_recurrence_hopper_rs_pair", 2, HOPPER_REGISTER_PAIRS[_WIDE_BV], False, False),
+    ("gdn_recurrence_hopper_rs_concurrent", *HOPPER_CONCURRENT[128], True, False),
+    ("gdn_segment_state_hopper_rs", 1, HOPPER_REGISTER_SEGMENT_STAGES[_WIDE_BV], False, True),
 ):
     register(KernelSpec(
         name=_name, module="polykernels.gated_delta_rule.hopper_register_kernels",
         function="gdn_recurrence_hopper_rs_kernel", signature=_RS_SIGNATURE,
         constexprs={**_SHAPE, "V": 128, "BV": _warpgroups * _WIDE_BV, "NV": 128 // (_warpgroups * _WIDE_BV),
-                    "VARLEN": not _await, "LOG_N": 4, "HAS_INITIAL": True, "SEGMENT_STATE": False, "STORE_FINAL": True,
-                    "STAGES": _stages, "AWAIT": _await},
+                    "VARLEN": not _await, "LOG_N": 4, "HAS_INITIAL": not _segment_state,
+                    "SEGMENT_STATE": _segment_state, "STORE_FINAL": not _segment_state, "STAGES": _stages,
+                    "AWAIT": _await},
         allowed=_on_hopper, platform_constexprs=_precision,
         options={"num_warps": 4 * _warpgroups},
     ))

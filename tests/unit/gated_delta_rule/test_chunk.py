@@ -224,7 +224,8 @@ def _sm90_recipe(monkeypatch: pytest.MonkeyPatch, batch: int, tokens: int, heads
         launch.RECURRENCE_LAUNCH[128], launch.PREPARE_LAUNCH[128], tuple(launch.HOPPER_STAGES.items()),
         tuple(launch.HOPPER_PREPARE.items()), tuple(launch.HOPPER_REGISTER_STAGES.items()),
         tuple(launch.HOPPER_REGISTER_PAIRS.items()), tuple(launch.HOPPER_CONCURRENT.items()),
-        tuple(launch.COMBINE_LAUNCH.items()), tuple(launch.HOPPER_REGISTER_CUT.items()))
+        tuple(launch.COMBINE_LAUNCH.items()), tuple(launch.HOPPER_REGISTER_CUT.items()),
+        tuple(launch.HOPPER_REGISTER_SEGMENT_STAGES.items()))
 
 
 def test_segment_plan_runs_the_passes_side_by_side_where_wide_tiles_leave_half_the_sms() -> None:
@@ -298,9 +299,8 @@ def test_concurrent_recipe_launches_the_prepare_pass_as_the_waiting_sequential_p
 def test_register_state_pass_runs_wide_tiles_of_long_segments_on_sm90(
         monkeypatch: pytest.MonkeyPatch, value_heads: int, num_segments: int | None, registers: bool) -> None:
     # The recipe picks hopper_register_kernels' pass at the wide tile on sm_90 for uncut sequences and
-    # for the output pass of segments of at least HOPPER_REGISTER_CUT's chunks (1 x 8192: 128 chunks, in
-    # two segments of 64 or eight of 16); shorter segments and narrow tiles keep hopper_kernels'. The
-    # segment-state pass is always hopper_kernels'.
+    # for both passes over segments of at least HOPPER_REGISTER_CUT's chunks (1 x 8192: 128 chunks, in
+    # two segments of 64 or eight of 16); shorter segments and narrow tiles keep hopper_kernels'.
     from polykernels.gated_delta_rule import launch
 
     assert launch.HOPPER_REGISTER_CUT[64] == 64
@@ -312,12 +312,18 @@ def test_register_state_pass_runs_wide_tiles_of_long_segments_on_sm90(
                                                 else launch.HOPPER_STAGES[recipe.recurrence_meta["BV"]])
     assert recipe.recurrence_meta["num_warps"] == 4
     if num_segments:
-        assert recipe.segment_state_meta["STAGES"] == launch.HOPPER_STAGES[64] and "AWAIT" not in (
-            recipe.segment_state_meta)
+        assert recipe.segment_registers is registers
+        assert recipe.segment_state_meta["STAGES"] == (launch.HOPPER_REGISTER_SEGMENT_STAGES[64] if registers
+                                                       else launch.HOPPER_STAGES[64])
+        assert recipe.segment_state_meta.get("AWAIT", False) is False
         sequential = [launcher for launcher, _, name, _, _ in launch._launches(recipe, launch._launchers(), ())
                       if name in ("segment_state", "recurrence")]
         register_launcher = launch._hopper_register_launcher()
-        assert [launcher is register_launcher for launcher in sequential] == [False, registers]
+        assert [launcher is register_launcher for launcher in sequential] == [registers, registers]
+        monkeypatch.setattr(launch, "HOPPER_REGISTER_SEGMENT_STAGES", {})  # the segment-state pass off
+        output_only = _sm90_recipe(monkeypatch, 1, 8192, value_heads // 4, value_heads, num_segments)
+        assert (output_only.hopper_registers, output_only.segment_registers) == (registers, False)
+        assert output_only.segment_state_meta["STAGES"] == launch.HOPPER_STAGES[64]
 
 
 def test_register_state_pass_pairs_tiles_where_the_pairs_fill_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -860,7 +866,8 @@ def test_kernels_compile_for_amd(target: str) -> None:
     assert set(family) - set(names) == {"gdn_recurrence_hopper", "gdn_segment_state_hopper", "gdn_prepare_hopper",
                                         "gdn_recurrence_hopper_wide", "gdn_segment_state_hopper_wide",
                                         "gdn_recurrence_hopper_rs", "gdn_recurrence_hopper_rs_pair",
-                                        "gdn_prepare_hopper_concurrent", "gdn_recurrence_hopper_rs_concurrent"}
+                                        "gdn_prepare_hopper_concurrent", "gdn_recurrence_hopper_rs_concurrent",
+                                        "gdn_segment_state_hopper_rs"}
     assert set(names) == {"gdn_prepare", "gdn_recurrence", "gdn_segment_state", "gdn_combine",
                           "gdn_recurrence_fp32", "gdn_prepare_fp32"}
     for kernel in names:
