@@ -245,7 +245,8 @@ HOPPER_REGISTER_STAGES: Mapping[int, int] = types.MappingProxyType({64: 3})
 HOPPER_REGISTER_CUT: Mapping[int, int] = types.MappingProxyType({64: 64})
 # Where the output pass of cut sequences runs the register-state pass, their segment-state pass does too,
 # per V tile, with these cp.async stages (two: 81 KiB, two programs per SM as hopper_kernels' pass runs
-# it); a tile not in this table keeps hopper_kernels' segment-state pass.
+# it); a tile not in this table keeps hopper_kernels' segment-state pass. On the H200 that pass went 101 ->
+# 93.5 us at 1x32768 2/8, the op -1.5 to -2.3% more, the same bits (BENCHMARKS.md "twenty-third set").
 HOPPER_REGISTER_SEGMENT_STAGES: Mapping[int, int] = types.MappingProxyType({64: 2})
 # The same pass with two warpgroups per program, each holding one of two neighbouring V tiles' state:
 # the chunk's q, k, w and P tiles are copied once for both (at B8 T4096 32/32 the one-warpgroup pass
