@@ -522,10 +522,9 @@ def _recipe(
     value_tiles = -(-value_dim // block_v)
     recurrence = {**shape, "BV": block_v, "NV": value_tiles, **where}
     recurrence_tail = {"num_warps": num_warps, "num_stages": num_stages}
-    # The register-state pass: uncut sequences, and the output pass of long enough segments
-    # (HOPPER_REGISTER_CUT).
+    # The register-state pass: uncut sequences, and the passes over long enough segments
+    # (HOPPER_REGISTER_CUT; the segment-state pass falls back on hopper_kernels' at the same tile).
     if segment_chunks:
-        # (the segment-state pass beside it needs hopper_kernels' pass at the same tile)
         least = dict(hopper_register_cut).get(block_v)
         register_stages = (dict(hopper_register_stages).get(block_v)
                            if least is not None and segment_chunks >= least and block_v in dict(hopper_stages)
