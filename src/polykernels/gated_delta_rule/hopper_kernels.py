@@ -124,6 +124,30 @@ def _store_output(O_ptr, out, chunk_start, end, i_hv, col0, HV: gl.constexpr, V:
 
 
 @gluon.jit
+def _segment_state_columns(i_col, j, count, start, end, NV: gl.constexpr, BV: gl.constexpr, V: gl.constexpr,
+                           layout: gl.constexpr):
+    """A segment-state program's columns, [V | K]: value tiles (from a zero state), then the
+    transition's (from the identity, u = 0). Returns (end, is_transition, col0, cols, u_limit); a
+    sequence's last segment needs neither (its end moves to its start)."""
+    end = gl.where(j < count - 1, end, start)
+    is_transition = i_col >= NV
+    col0 = gl.where(is_transition, i_col - NV, i_col) * BV
+    cols = col0 + gl.arange(0, BV, layout=layout)
+    return end, is_transition, col0, cols, gl.where(is_transition, 0, V)
+
+
+@gluon.jit
+def _store_segment_state(HLOC_ptr, M_ptr, state, k, cols, base, valid, is_transition, K: gl.constexpr,
+                         V: gl.constexpr):
+    """A segment-state program's last state: its value tile (K x V, from HLOC_ptr) or its transition
+    tile (K x K, from M_ptr) at row ``base``. ``k`` and ``cols``: the tile's K and column indices,
+    broadcast to its shape (the state may be held either way round)."""
+    inside = (k < K) & valid
+    gl.store(HLOC_ptr + (base + k) * V + cols, state, mask=inside & (cols < V) & ~is_transition)
+    gl.store(M_ptr + (base + k) * K + cols, state, mask=inside & (cols < K) & is_transition)
+
+
+@gluon.jit
 def gdn_recurrence_hopper_kernel(
     Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr, HINIT_ptr, HT_ptr, O_ptr, HLOC_ptr, M_ptr,
     CU, T, N, SEGS_PER_SEQ, SEG_TOKENS,
@@ -150,13 +174,9 @@ def gdn_recurrence_hopper_kernel(
     n, j, count, start, end, valid = _segment(i_s, CU, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN, LOG_N)
     k_rows = gl.arange(0, BK, layout=rows_of)
     if SEGMENT_STATE:
-        # Columns [V | K]: value tiles from a zero state, then the transition from the identity.
-        end = gl.where(j < count - 1, end, start)  # a sequence's last segment needs neither
-        is_transition = i_col >= NV
-        col0 = gl.where(is_transition, i_col - NV, i_col) * BV
-        cols = col0 + gl.arange(0, BV, layout=cols_of)
+        end, is_transition, col0, cols, u_limit = _segment_state_columns(i_col, j, count, start, end, NV, BV, V,
+                                                                         cols_of)
         state = gl.where(is_transition & (k_rows[:, None] == cols[None, :]), 1.0, 0.0)
-        u_limit = gl.where(is_transition, 0, V)  # the transition columns have u = 0
     else:
         col0 = i_col * BV
         cols = col0 + gl.arange(0, BV, layout=cols_of)
@@ -242,11 +262,7 @@ def gdn_recurrence_hopper_kernel(
         _store_output(O_ptr, out_prev, prev_start, end, i_hv, col0, HV, V, BT, BV)
 
     if SEGMENT_STATE:
-        base = (i_s * HV + i_hv) * K
-        store_mask = (k_rows[:, None] < K) & valid
-        gl.store(HLOC_ptr + (base + k_rows[:, None]) * V + cols[None, :], state,
-                 mask=store_mask & (cols[None, :] < V) & ~is_transition)
-        gl.store(M_ptr + (base + k_rows[:, None]) * K + cols[None, :], state,
-                 mask=store_mask & (cols[None, :] < K) & is_transition)
+        _store_segment_state(HLOC_ptr, M_ptr, state, k_rows[:, None], cols[None, :], (i_s * HV + i_hv) * K, valid,
+                             is_transition, K, V)
     elif STORE_FINAL:
         gl.store(HT_ptr + (n * HV + i_hv) * K * V + tile, state, mask=tile_mask & (j == count - 1))

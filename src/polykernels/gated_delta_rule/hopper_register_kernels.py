@@ -43,7 +43,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from polykernels.gated_delta_rule.hopper_kernels import _copy_chunk_tiles, _mma_layout, _smem_layout
+from polykernels.gated_delta_rule.hopper_kernels import (
+    _copy_chunk_tiles,
+    _mma_layout,
+    _segment_state_columns,
+    _smem_layout,
+    _store_segment_state,
+)
 
 # Scalar arithmetic only (no layouts), so the Triton helper serves Gluon kernels too.
 from polykernels.gated_delta_rule.kernels import _segment
@@ -128,15 +134,10 @@ def gdn_recurrence_hopper_rs_kernel(
     i_h = i_hv // (HV // H)
     n, j, count, start, end, valid = _segment(i_s, CU, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN, LOG_N)
     k_idx = gl.arange(0, BK, layout=k_cols)
-    if SEGMENT_STATE:
-        # Columns [V | K] as in hopper_kernels: value tiles from a zero state, then the transition's
-        # from the identity (its tile of M^T).
-        end = gl.where(j < count - 1, end, start)  # a sequence's last segment needs neither
-        is_transition = i_col >= NV
-        col0 = gl.where(is_transition, i_col - NV, i_col) * BV
-        cols = col0 + gl.arange(0, BV, layout=v_rows)
+    if SEGMENT_STATE:  # the transition programs start from their tile of the identity's transpose
+        end, is_transition, col0, cols, u_limit = _segment_state_columns(i_col, j, count, start, end, NV, BV, V,
+                                                                         v_rows)
         state = gl.where(is_transition & (cols[:, None] == k_idx[None, :]), 1.0, 0.0)
-        u_limit = gl.where(is_transition, 0, V)  # the transition columns have u = 0
     else:
         col0 = i_col * BV
         cols = col0 + gl.arange(0, BV, layout=v_rows)
@@ -215,13 +216,9 @@ def gdn_recurrence_hopper_rs_kernel(
         _store_output_t(O_ptr, out_s.index((chunks + 1) % 2), start + (chunks - 1) * BT, end, i_hv, col0, HV, V, BT,
                         BV)
 
-    if SEGMENT_STATE:  # stored K x V and K x K, as hopper_kernels' pass stores them
-        base = (i_s * HV + i_hv) * K
-        store_mask = (k_idx[None, :] < K) & valid
-        gl.store(HLOC_ptr + (base + k_idx[None, :]) * V + cols[:, None], state,
-                 mask=store_mask & (cols[:, None] < V) & ~is_transition)
-        gl.store(M_ptr + (base + k_idx[None, :]) * K + cols[:, None], state,
-                 mask=store_mask & (cols[:, None] < K) & is_transition)
+    if SEGMENT_STATE:  # h^T and M^T: the tile's K index runs along its columns
+        _store_segment_state(HLOC_ptr, M_ptr, state, k_idx[None, :], cols[:, None], (i_s * HV + i_hv) * K, valid,
+                             is_transition, K, V)
     elif STORE_FINAL:
         gl.store(HT_ptr + (n * HV + i_hv) * K * V + tile, state, mask=tile_mask & (j == count - 1))
     if AWAIT:  # counted done after the flags (ready_flags.finish_prepare waits for every program)
