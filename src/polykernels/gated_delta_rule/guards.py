@@ -22,9 +22,11 @@ def choose(device_type: str) -> Choice:
                             "of bf16/fp16 inputs with K = 64 or 128 are Gluon kernels with asynchronous wgmma "
                             "under Triton 3.6 (launch.hopper_pass, hopper_kernels, hopper_prepare_kernels), the "
                             "sequential one with the state in registers at 64-column V tiles of uncut sequences "
-                            "(hopper_register_kernels; two tiles per program of two warpgroups where N x HV x V/128 "
-                            "programs still fill the SMs; beside the prepare pass, waiting for each chunk's ready "
-                            "flag, where its N x HV x V/64 programs leave half the SMs to it: ready_flags)")
+                            "and of segments of at least launch.HOPPER_REGISTER_CUT chunks, both segment passes "
+                            "there (hopper_register_kernels; two tiles per program of two warpgroups where "
+                            "N x HV x V/128 programs still fill the SMs; beside the prepare pass, waiting for each "
+                            "chunk's ready flag, where its N x HV x V/64 programs leave half the SMs to it: "
+                            "ready_flags)")
 
 
 def dot_precision(fp32_inputs: bool) -> str:
