@@ -526,9 +526,9 @@ def _recipe(
     # (HOPPER_REGISTER_CUT; the segment-state pass falls back on hopper_kernels' at the same tile).
     if segment_chunks:
         least = dict(hopper_register_cut).get(block_v)
+        segment_pass = block_v in dict(hopper_register_segment_stages) or block_v in dict(hopper_stages)
         register_stages = (dict(hopper_register_stages).get(block_v)
-                           if least is not None and segment_chunks >= least and block_v in dict(hopper_stages)
-                           else None)
+                           if least is not None and segment_chunks >= least and segment_pass else None)
     elif plan.concurrent and beside:
         register_stages = beside[1]
     elif plan.warpgroups == 2:  # the plan pairs only tiles that table holds

@@ -320,6 +320,10 @@ def test_register_state_pass_runs_wide_tiles_of_long_segments_on_sm90(
                       if name in ("segment_state", "recurrence")]
         register_launcher = launch._hopper_register_launcher()
         assert [launcher is register_launcher for launcher in sequential] == [registers, registers]
+        with monkeypatch.context() as tables:  # the register-state passes need no other pass
+            tables.setattr(launch, "HOPPER_STAGES", {})
+            alone = _sm90_recipe(tables, 1, 8192, value_heads // 4, value_heads, num_segments)
+            assert (alone.hopper_registers, alone.segment_registers) == (registers, registers)
         monkeypatch.setattr(launch, "HOPPER_REGISTER_SEGMENT_STAGES", {})  # the segment-state pass off
         output_only = _sm90_recipe(monkeypatch, 1, 8192, value_heads // 4, value_heads, num_segments)
         assert (output_only.hopper_registers, output_only.segment_registers) == (registers, False)
