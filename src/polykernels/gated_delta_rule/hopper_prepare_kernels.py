@@ -85,6 +85,7 @@ def gdn_prepare_hopper_kernel(
     H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
     BV: gl.constexpr, NV: gl.constexpr, L2NORM: gl.constexpr, VARLEN: gl.constexpr, LOG_N: gl.constexpr,
     DOT_PRECISION: gl.constexpr, INVERSE_PRECISION: gl.constexpr, CONCURRENT: gl.constexpr,
+    STORE_T: gl.constexpr = False,
 ):
     gl.static_assert(K == BK, "the Hopper prepare pass takes whole K rows (K a power of two)")
     gl.static_assert(INVERSE_PRECISION == "bf16", "the Hopper prepare pass rounds the inverse's operands to bf16")
@@ -93,7 +94,8 @@ def gdn_prepare_hopper_kernel(
     chunk_start, length = _chunk_span(i_c, CU, T, N, CHUNKS_PER_SEQ, BT, VARLEN, LOG_N)
     if length > 0:
         _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr,
-                       chunk_start, length.to(gl.int32), i_h, i_hv, scale, H, HV, K, V, BT, BK, BV, NV, L2NORM)
+                       chunk_start, length.to(gl.int32), i_h, i_hv, scale, H, HV, K, V, BT, BK, BV, NV, L2NORM,
+                       STORE_T)
     if CONCURRENT:  # the sequential pass runs beside this one and waits for this chunk (ready_flags)
         raise_flag(FLAGS + i_c * HV + i_hv)
         programs = gl.num_programs(0) * gl.num_programs(1)
@@ -104,7 +106,7 @@ def gdn_prepare_hopper_kernel(
 def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr,
                    chunk_start, length, i_h, i_hv, scale, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
                    V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr, NV: gl.constexpr,
-                   L2NORM: gl.constexpr):
+                   L2NORM: gl.constexpr, STORE_T: gl.constexpr):
     dtype: gl.constexpr = K_ptr.dtype.element_ty
     square: gl.constexpr = _mma_layout(BT)  # BT x BT products
     wide: gl.constexpr = _mma_layout(BK)  # BT x K products (w)
@@ -125,7 +127,8 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
     async_copy.commit_group()
     # v's first tile is on its way behind them: issued after the first products (into q's tile), its
     # copies held up the inverse's first step.
-    _copy_tile(v_s, V_ptr + row_of * V, 0, length, 0, V, HV * V, BT, BV, False, False)
+    if not STORE_T:
+        _copy_tile(v_s, V_ptr + row_of * V, 0, length, 0, V, HV * V, BT, BV, False, False)
     async_copy.commit_group()
     r = gl.arange(0, BT, layout=gl.SliceLayout(1, square))
     c = gl.arange(0, BT, layout=gl.SliceLayout(0, square))
@@ -205,42 +208,51 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
     inverse = warpgroup_mma(gl.convert_layout(inverse.to(gl.bfloat16), left), power_s, inverse, is_async=True)
     inverse = warpgroup_mma_wait(0, deps=(inverse,))
 
-    # Step 3: w = Ai diag(beta gamma / ||k||) k and u = Ai diag(beta) v, per V tile (one accumulator
-    # at a time: with w's and u's both held the pass spilled).
-    b_c = gl.convert_layout(gl.where(keep_r, b_r, 0.0), gl.SliceLayout(0, square))
-    k_cols = gl.where(keep_c, b_c * gl.exp(gl.convert_layout(gc, gl.SliceLayout(0, square))) *
-                      gl.convert_layout(rk, gl.SliceLayout(0, square)), 0.0)  # rk is NaN on bad rows
-    inverse_k = gl.convert_layout((inverse * k_cols[None, :]).to(dtype), left)
-    inverse_b = gl.convert_layout((inverse * b_c[None, :]).to(dtype), left)
-    w = warpgroup_mma(inverse_k, k_s, gl.zeros([BT, BK], gl.float32, layout=wide), use_acc=False, is_async=True)
-    w = warpgroup_mma_wait(0, deps=(w,))
-    _store_rows(W_ptr + row_of * K, w.to(W_ptr.dtype.element_ty), length, K, HV * K, BT, BK)
-    first_bad_v = first_bad
-    v_layout: gl.constexpr = _copy_layout(BV)
-    for i_v in gl.static_range(NV):
-        if i_v > 0:
-            _copy_tile(v_s, V_ptr + row_of * V, 0, length, i_v * BV, V, HV * V, BT, BV, False, False)
-            async_copy.commit_group()
-        async_copy.wait_group(0)
-        fence_async_shared()
-        gl.thread_barrier()  # every thread's part of the tile is in
-        u = warpgroup_mma(inverse_b, v_s, gl.zeros([BT, BV], gl.float32, layout=value), use_acc=False,
-                          is_async=True)
-        u = warpgroup_mma_wait(0, deps=(u,))
-        # A non-finite v row makes u non-finite (0 x Inf is NaN): only then are v's rows read one by
-        # one, the first bad one ends the valid rows, and u is formed again with the rows from it zeroed.
-        if gl.sum(gl.sum(u * 0.0, axis=1), axis=0) != 0.0:
-            v_rows = gl.arange(0, BT, layout=gl.SliceLayout(1, v_layout))
-            v = v_s.load(v_layout)
-            first_bad_v = gl.minimum(first_bad_v, gl.min(gl.where(_bad_rows(v), v_rows, BT), axis=0))
-            v_s.store(gl.where((v_rows < first_bad_v)[:, None], v, 0.0).to(dtype))
+    if STORE_T:
+        # launch.HOPPER_PAIRS_FROM_V: T = Ai diag(beta) leaves in w's place (BT columns) and k's per-token
+        # factor in w (gamma / ||k||) in u's place, in fp32; w and u are never formed, v never read.
+        b_c = gl.convert_layout(gl.where(keep_r, b_r, 0.0), gl.SliceLayout(0, square))
+        _store_rows(W_ptr + row_of * BT, (inverse * b_c[None, :]).to(W_ptr.dtype.element_ty), length, BT, HV * BT,
+                    BT, BT)
+        gl.store(U_ptr + row_of + r * HV, gl.where(keep_r, rk * gl.exp(gc), 0.0), mask=r < length)
+        first_bad_v = first_bad
+    else:
+        # Step 3: w = Ai diag(beta gamma / ||k||) k and u = Ai diag(beta) v, per V tile (one accumulator
+        # at a time: with w's and u's both held the pass spilled).
+        b_c = gl.convert_layout(gl.where(keep_r, b_r, 0.0), gl.SliceLayout(0, square))
+        k_cols = gl.where(keep_c, b_c * gl.exp(gl.convert_layout(gc, gl.SliceLayout(0, square))) *
+                          gl.convert_layout(rk, gl.SliceLayout(0, square)), 0.0)  # rk is NaN on bad rows
+        inverse_k = gl.convert_layout((inverse * k_cols[None, :]).to(dtype), left)
+        inverse_b = gl.convert_layout((inverse * b_c[None, :]).to(dtype), left)
+        w = warpgroup_mma(inverse_k, k_s, gl.zeros([BT, BK], gl.float32, layout=wide), use_acc=False, is_async=True)
+        w = warpgroup_mma_wait(0, deps=(w,))
+        _store_rows(W_ptr + row_of * K, w.to(W_ptr.dtype.element_ty), length, K, HV * K, BT, BK)
+        first_bad_v = first_bad
+        v_layout: gl.constexpr = _copy_layout(BV)
+        for i_v in gl.static_range(NV):
+            if i_v > 0:
+                _copy_tile(v_s, V_ptr + row_of * V, 0, length, i_v * BV, V, HV * V, BT, BV, False, False)
+                async_copy.commit_group()
+            async_copy.wait_group(0)
             fence_async_shared()
-            gl.thread_barrier()
+            gl.thread_barrier()  # every thread's part of the tile is in
             u = warpgroup_mma(inverse_b, v_s, gl.zeros([BT, BV], gl.float32, layout=value), use_acc=False,
                               is_async=True)
             u = warpgroup_mma_wait(0, deps=(u,))
-        _store_rows(U_ptr + row_of * V + i_v * BV, u.to(U_ptr.dtype.element_ty), length, V - i_v * BV, HV * V, BT,
-                    BV)
+            # A non-finite v row makes u non-finite (0 x Inf is NaN): only then are v's rows read one by
+            # one, the first bad one ends the valid rows, and u is formed again with the rows from it zeroed.
+            if gl.sum(gl.sum(u * 0.0, axis=1), axis=0) != 0.0:
+                v_rows = gl.arange(0, BT, layout=gl.SliceLayout(1, v_layout))
+                v = v_s.load(v_layout)
+                first_bad_v = gl.minimum(first_bad_v, gl.min(gl.where(_bad_rows(v), v_rows, BT), axis=0))
+                v_s.store(gl.where((v_rows < first_bad_v)[:, None], v, 0.0).to(dtype))
+                fence_async_shared()
+                gl.thread_barrier()
+                u = warpgroup_mma(inverse_b, v_s, gl.zeros([BT, BV], gl.float32, layout=value), use_acc=False,
+                                  is_async=True)
+                u = warpgroup_mma_wait(0, deps=(u,))
+            _store_rows(U_ptr + row_of * V + i_v * BV, u.to(U_ptr.dtype.element_ty), length, V - i_v * BV, HV * V, BT,
+                        BV)
     keep = r < first_bad_v
 
     # The sequential pass reads raw q and k: their norms, the gates and the masks go in here.

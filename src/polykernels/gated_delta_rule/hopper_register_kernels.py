@@ -45,6 +45,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from polykernels.gated_delta_rule.hopper_kernels import (
     _copy_chunk_tiles,
+    _copy_layout,
+    _copy_tile,
     _mma_layout,
     _segment_state_columns,
     _smem_layout,
@@ -52,8 +54,11 @@ from polykernels.gated_delta_rule.hopper_kernels import (
 )
 
 # Scalar arithmetic only (no layouts), so the Triton helper serves Gluon kernels too.
-from polykernels.gated_delta_rule.kernels import _segment
+from polykernels.gated_delta_rule.kernels import _bad_rows, _segment
 from polykernels.gated_delta_rule.ready_flags import await_flag, finish_sequential, launch_dependents
+
+# A quiet NaN's bits: a NaN constant would differ from itself in Triton's check of a kernel's globals.
+_NAN_BITS = gl.constexpr(0x7FC00000)
 
 
 @gluon.constexpr_function
@@ -101,13 +106,131 @@ def _store_output_t(O_ptr, out_s, chunk_start, end, i_hv, col0, HV: gl.constexpr
 
 
 @gluon.jit
+def _copy_chunk_from_v(chunk_start, end, stage, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr, KS_ptr,
+                       WS_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
+                   V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr):
+    """The FROM_V form's chunk, one cp.async group: T (BT x BT), k, v's columns, q, P, and the
+    scales (q's, k's, then w's factor of k and k's again: two power-of-two vectors)."""
+    row_of = chunk_start * HV + i_hv
+    qk_chunk = (chunk_start * H + i_h) * K
+    _copy_tile(t_s.index(stage), T_ptr + row_of * BT, chunk_start, end, 0, BT, HV * BT, BT, BT, False, True)
+    _copy_tile(k_s.index(stage), K_ptr + qk_chunk, chunk_start, end, 0, K, H * K, BT, BK, False, True)
+    _copy_tile(v_s.index(stage), V_ptr + row_of * V, chunk_start, end, col0, V, HV * V, BT, BV, False, V % BV == 0)
+    _copy_tile(q_s.index(stage), Q_ptr + qk_chunk, chunk_start, end, 0, K, H * K, BT, BK, False, True)
+    _copy_tile(p_s.index(stage), P_ptr + row_of * BT, chunk_start, end, 0, BT, HV * BT, BT, BT, False, True)
+    layout: gl.constexpr = _vector_layout(gl.num_warps())
+    i = gl.arange(0, 2 * BT, layout=layout)
+    token = i % BT
+    offsets = (chunk_start * HV + i_hv) + token * HV
+    inside = chunk_start + token < end
+    async_copy.async_copy_global_to_shared(scales_s.index(stage).slice(0, 2 * BT),
+                                           gl.where(i < BT, QS_ptr + offsets, KS_ptr + offsets), inside)
+    async_copy.async_copy_global_to_shared(scales_s.index(stage).slice(2 * BT, 2 * BT),
+                                           gl.where(i < BT, WS_ptr + offsets, KS_ptr + offsets), inside)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _first_bad_row(tile, BT: gl.constexpr, COLS: gl.constexpr):
+    """A chunk's tile in shared memory (its rows' layout) and the index of its first row holding NaN or Inf."""
+    layout: gl.constexpr = _copy_layout(COLS, gl.num_warps())
+    rows = gl.arange(0, BT, layout=gl.SliceLayout(1, layout))
+    values = tile.load(layout)
+    return values, rows, gl.min(gl.where(_bad_rows(values), rows, BT), axis=0)
+
+
+@gluon.jit
+def _clean_rows(v_tile, k_tile, BT: gl.constexpr, BV: gl.constexpr, BK: gl.constexpr):
+    """The checked run's look at a chunk's v and k tiles, which this form's products take raw: the
+    first row of either holding NaN or Inf (BT: none), and both tiles' rows from it zeroed in place
+    (0 x Inf in k h's or T's product would reach the earlier rows; the prepare pass has already cut
+    T, the scales and the decay at a bad k row)."""
+    v, v_rows, first_bad_v = _first_bad_row(v_tile, BT, BV)
+    k, k_rows, first_bad_k = _first_bad_row(k_tile, BT, BK)
+    first_bad = gl.minimum(first_bad_v, first_bad_k)
+    if first_bad < BT:
+        gl.thread_barrier()  # every thread's reads of both tiles are done
+        v_tile.store(gl.where((v_rows < first_bad)[:, None], v, 0.0).to(v_tile.dtype))
+        k_tile.store(gl.where((k_rows < first_bad)[:, None], k, 0.0).to(k_tile.dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+    return first_bad
+
+
+@gluon.jit
+def _chunks_from_v(state, start, end, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr, KS_ptr, WS_ptr,
+               DECAY_ptr, O_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, out_s, H: gl.constexpr, HV: gl.constexpr,
+               K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr,
+               STAGES: gl.constexpr, CHECKED: gl.constexpr, state_l: gl.constexpr, chunk_l: gl.constexpr):
+    """FlashInfer's order of the chain: v_new^T = (v^T - (k h)^T diag(ws)) T^T, three products on
+    the state's path (k h, T, the update), with q h and P behind them (launch.HOPPER_PAIRS_FROM_V).
+    CHECKED: each chunk's v and k rows from the first non-finite one are zeroed and that row's outputs and
+    the state poisoned, as the prepare pass does where it forms u."""
+    dtype: gl.constexpr = T_ptr.dtype.element_ty
+    state_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=chunk_l, k_width=2)
+    update_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=state_l, k_width=2)
+    tokens_of: gl.constexpr = gl.SliceLayout(0, chunk_l)
+    chunks = ((end - start + BT - 1) // BT).to(gl.int32)
+    for ahead in gl.static_range(STAGES - 1):
+        _copy_chunk_from_v(start + ahead * BT, end, ahead, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr,
+                       KS_ptr, WS_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, H, HV, K, V, BT, BK, BV)
+    zero = gl.zeros([BV, BT], gl.float32, layout=chunk_l)
+    for c in range(0, chunks):
+        chunk_start = start + c * BT
+        stage = c % STAGES
+        decay = gl.load(DECAY_ptr + chunk_start * HV + i_hv)
+        async_copy.wait_group(STAGES - 2)  # this chunk's tiles are in
+        fence_async_shared()
+        gl.thread_barrier()  # every thread's copies, and the previous chunk's reads of the stage reused below
+        if CHECKED:  # NaN from the first non-finite v or k row on: the outputs (through q's scale), and the state
+            first_bad = _clean_rows(v_s.index(stage), k_s.index(stage), BT, BV, BK)
+            nan = gl.full([BT], _NAN_BITS, gl.int32, layout=tokens_of).to(gl.float32, bitcast=True)
+            poison = gl.where(gl.arange(0, BT, layout=tokens_of) < first_bad, 0.0, nan)
+            decay = decay + gl.sum(poison, axis=0)
+        minus_h = gl.convert_layout((-state).to(dtype), state_a)
+        minus_kh = warpgroup_mma(minus_h, k_s.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True)
+        # While k h runs: the chunk STAGES - 1 ahead into the stage the previous chunk used, and the
+        # previous chunk's output.
+        _copy_chunk_from_v(chunk_start + (STAGES - 1) * BT, end, (c + STAGES - 1) % STAGES, i_h, i_hv, col0, Q_ptr,
+                       K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr, KS_ptr, WS_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, H, HV, K,
+                       V, BT, BK, BV)
+        if c > 0:
+            _store_output_t(O_ptr, out_s.index((c + 1) % 2), chunk_start - BT, end, i_hv, col0, HV, V, BT, BV)
+        w_scale = scales_s.index(stage).slice(2 * BT, BT).load(tokens_of)
+        v_t = v_s.index(stage).permute((1, 0)).load(chunk_l).to(gl.float32)
+        minus_kh = warpgroup_mma_wait(0, deps=(minus_kh,))
+        v_prime = gl.convert_layout((v_t + minus_kh * w_scale[None, :]).to(dtype), state_a)
+        v_new = warpgroup_mma(v_prime, t_s.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True)
+        # q h behind T's product, off the state's path.
+        minus_qh = warpgroup_mma(minus_h, q_s.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True)
+        k_scale = scales_s.index(stage).slice(BT, BT).load(tokens_of)
+        v_new = warpgroup_mma_wait(1, deps=(v_new,))
+        update = gl.convert_layout((v_new * k_scale[None, :]).to(dtype), update_a)
+        state = warpgroup_mma(update, k_s.index(stage), state * decay, is_async=True)
+        minus_q_scale = -scales_s.index(stage).slice(0, BT).load(tokens_of)
+        if CHECKED:
+            minus_q_scale = minus_q_scale + poison
+        minus_qh = warpgroup_mma_wait(1, deps=(minus_qh,))
+        out = warpgroup_mma(gl.convert_layout(v_new.to(dtype), state_a), p_s.index(stage).permute((1, 0)),
+                            minus_qh * minus_q_scale[None, :], is_async=True)
+        state, out = warpgroup_mma_wait(0, deps=(state, out))
+        out_s.index(c % 2).store(out.to(dtype))
+    async_copy.wait_group(0)
+    if chunks > 0:
+        gl.thread_barrier()  # every thread's part of the last output tile is in
+        _store_output_t(O_ptr, out_s.index((chunks + 1) % 2), start + (chunks - 1) * BT, end, i_hv, col0, HV, V, BT,
+                        BV)
+    return state
+
+
+@gluon.jit
 def gdn_recurrence_hopper_rs_kernel(
     Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr, HINIT_ptr, HT_ptr, O_ptr, HLOC_ptr, M_ptr,
     CU, T, N, SEGS_PER_SEQ, SEG_TOKENS, FLAGS,
     H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
     BV: gl.constexpr, NV: gl.constexpr, VARLEN: gl.constexpr, LOG_N: gl.constexpr, HAS_INITIAL: gl.constexpr,
     SEGMENT_STATE: gl.constexpr, STORE_FINAL: gl.constexpr, DOT_PRECISION: gl.constexpr,
-    STAGES: gl.constexpr, AWAIT: gl.constexpr,
+    STAGES: gl.constexpr, AWAIT: gl.constexpr, FROM_V: gl.constexpr = False,
 ):
     gl.static_assert(K == BK, "the Hopper pass takes whole K rows (K a power of two)")
     WARPS: gl.constexpr = gl.num_warps()
@@ -115,6 +238,7 @@ def gdn_recurrence_hopper_rs_kernel(
     gl.static_assert(BV == 16 * WARPS, "the state's rows are 64-row products, one warpgroup each")
     gl.static_assert(not (AWAIT and VARLEN), "ready flags are numbered by batch row and chunk")
     gl.static_assert(not (AWAIT and SEGMENT_STATE), "beside the prepare pass only as the output pass")
+    gl.static_assert(not (FROM_V and (AWAIT or SEGMENT_STATE)), "FROM_V: uncut output passes only")
     state_l: gl.constexpr = _mma_layout(BK, WARPS)  # h^T: BV x K
     chunk_l: gl.constexpr = _mma_layout(BT, WARPS)  # v_new^T, o^T: BV x BT
     # Left operands from registers: an accumulator's registers are already the operand's.
@@ -150,71 +274,97 @@ def gdn_recurrence_hopper_rs_kernel(
         else:
             state = gl.zeros([BV, BK], gl.float32, layout=state_l)
 
-    chunk_layout: gl.constexpr = _smem_layout(BT, BK)
-    w_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], chunk_layout)
-    k_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], chunk_layout)
-    q_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], chunk_layout)
-    p_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BT], _smem_layout(BT, BT))
-    u_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BV], _smem_layout(BT, BV))
-    scales_s = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * BT],
-                                         gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
+    if FROM_V:  # T (in W_ptr's place), v (in U_ptr's), w's factor of k (in HLOC_ptr's)
+        t_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BT], _smem_layout(BT, BT))
+        k_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], _smem_layout(BT, BK))
+        q_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], _smem_layout(BT, BK))
+        p_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BT], _smem_layout(BT, BT))
+        v_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BV], _smem_layout(BT, BV))
+        scales_s = gl.allocate_shared_memory(gl.float32, [STAGES, 4 * BT],
+                                             gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
+        out_s = gl.allocate_shared_memory(dtype, [2, BV, BT], gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8,
+                                                                                      order=[0, 1]))
+        state = _chunks_from_v(state, start, end, i_h, i_hv, col0, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr,
+                           HLOC_ptr, DECAY_ptr, O_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, out_s, H, HV, K, V, BT, BK,
+                           BV, STAGES, False, state_l, chunk_l)
+        # A non-finite v or k row reaches every row of T's product (0 x Inf), and from there the state:
+        # the rare program whose state ends non-finite runs again, checking each chunk's v and k rows.
+        if gl.max(gl.max(gl.where(state * 0.0 == 0.0, 0, 1), axis=1), axis=0) > 0:
+            gl.thread_barrier()  # every thread's reads of the last stages are done
+            if HAS_INITIAL:  # the entry state again (held across the first run it made the pass spill)
+                state = gl.load(HINIT_ptr + (i_s * HV + i_hv) * K * V + tile, mask=tile_mask, other=0.0)
+            else:
+                state = gl.zeros([BV, BK], gl.float32, layout=state_l)
+            state = _chunks_from_v(state, start, end, i_h, i_hv, col0, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr,
+                                   KS_ptr, HLOC_ptr, DECAY_ptr, O_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, out_s, H, HV,
+                                   K, V, BT, BK, BV, STAGES, True, state_l, chunk_l)
+    else:
+        chunk_layout: gl.constexpr = _smem_layout(BT, BK)
+        w_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], chunk_layout)
+        k_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], chunk_layout)
+        q_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], chunk_layout)
+        p_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BT], _smem_layout(BT, BT))
+        u_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BV], _smem_layout(BT, BV))
+        scales_s = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * BT],
+                                             gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
 
-    chunks = ((end - start + BT - 1) // BT).to(gl.int32)
-    # AWAIT: the prepare pass runs beside this one (packed sequences never): each chunk's copies wait
-    # for its flag (ready_flags); a look-ahead past the last chunk copies nothing and waits for the last.
-    flags = FLAGS + (n * ((T + BT - 1) // BT)) * HV + i_hv
-    last = gl.maximum(chunks - 1, 0)
-    if AWAIT:  # the prepare pass, launched next as this one's programmatic dependent, may start
-        launch_dependents()
-    for ahead in gl.static_range(STAGES - 1):
-        if AWAIT:
-            await_flag(flags + gl.minimum(ahead, last) * HV)
-        _copy_chunk_t(start + ahead * BT, end, ahead, i_h, i_hv, col0, u_limit, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr,
-                      QS_ptr, KS_ptr, w_s, k_s, q_s, p_s, u_s, scales_s, H, HV, K, V, BT, BK, BV, OUTPUTS, U_COLS_IN)
-    zero = gl.zeros([BV, BT], gl.float32, layout=chunk_l)
-    # Each chunk's output waits in shared memory (two buffers, alternating) and leaves during the
-    # next chunk, while its products run: held in registers across the loop it made the pass spill.
-    out_s = gl.allocate_shared_memory(dtype, [2, BV, BT], gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8,
-                                                                                  order=[0, 1]))
-    for c in range(0, chunks):
-        chunk_start = start + c * BT
-        stage = c % STAGES
-        decay = gl.load(DECAY_ptr + chunk_start * HV + i_hv)
-        async_copy.wait_group(STAGES - 2)  # this chunk's tiles are in
-        fence_async_shared()
-        gl.thread_barrier()  # every thread's copies, and the previous chunk's reads of the stage reused below
-        # -h: v_new = u + (-h) w accumulates onto u's tile; o's first term is then -(h q).
-        minus_h = gl.convert_layout((-state).to(dtype), state_a)
-        u_t = u_s.index(stage).permute((1, 0)).load(chunk_l).to(gl.float32)
-        v_new = warpgroup_mma(minus_h, w_s.index(stage).permute((1, 0)), u_t, is_async=True)
-        if OUTPUTS:
-            minus_qh = warpgroup_mma(minus_h, q_s.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True)
-        # While the products run: the chunk STAGES - 1 ahead into the stage the previous chunk used.
-        if AWAIT:
-            await_flag(flags + gl.minimum(c + STAGES - 1, last) * HV)
-        _copy_chunk_t(chunk_start + (STAGES - 1) * BT, end, (c + STAGES - 1) % STAGES, i_h, i_hv, col0, u_limit,
-                      Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, w_s, k_s, q_s, p_s, u_s, scales_s, H, HV, K,
-                      V, BT, BK, BV, OUTPUTS, U_COLS_IN)
-        if OUTPUTS and c > 0:  # the previous chunk's output
-            _store_output_t(O_ptr, out_s.index((c + 1) % 2), chunk_start - BT, end, i_hv, col0, HV, V, BT, BV)
-        k_scale = scales_s.index(stage).slice(BT, BT).load(tokens_of)
-        v_new = warpgroup_mma_wait(1 if OUTPUTS else 0, deps=(v_new,))  # q h may run on
-        update = gl.convert_layout((v_new * k_scale[None, :]).to(dtype), update_a)
-        state = warpgroup_mma(update, k_s.index(stage), state * decay, is_async=True)
-        if OUTPUTS:
-            minus_q_scale = -scales_s.index(stage).slice(0, BT).load(tokens_of)
-            minus_qh = warpgroup_mma_wait(1, deps=(minus_qh,))
-            out = warpgroup_mma(gl.convert_layout(v_new.to(dtype), state_a), p_s.index(stage).permute((1, 0)),
-                                minus_qh * minus_q_scale[None, :], is_async=True)
-            state, out = warpgroup_mma_wait(0, deps=(state, out))
-            out_s.index(c % 2).store(out.to(dtype))
-        else:
-            state = warpgroup_mma_wait(0, deps=(state,))
-    async_copy.wait_group(0)
-    if OUTPUTS and chunks > 0:
-        gl.thread_barrier()  # every thread's part of the last output tile is in
-        _store_output_t(O_ptr, out_s.index((chunks + 1) % 2), start + (chunks - 1) * BT, end, i_hv, col0, HV, V, BT,
-                        BV)
+        chunks = ((end - start + BT - 1) // BT).to(gl.int32)
+        # AWAIT: the prepare pass runs beside this one (packed sequences never): each chunk's copies wait
+        # for its flag (ready_flags); a look-ahead past the last chunk copies nothing and waits for the last.
+        flags = FLAGS + (n * ((T + BT - 1) // BT)) * HV + i_hv
+        last = gl.maximum(chunks - 1, 0)
+        if AWAIT:  # the prepare pass, launched next as this one's programmatic dependent, may start
+            launch_dependents()
+        for ahead in gl.static_range(STAGES - 1):
+            if AWAIT:
+                await_flag(flags + gl.minimum(ahead, last) * HV)
+            _copy_chunk_t(start + ahead * BT, end, ahead, i_h, i_hv, col0, u_limit, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr,
+                          QS_ptr, KS_ptr, w_s, k_s, q_s, p_s, u_s, scales_s, H, HV, K, V, BT, BK, BV, OUTPUTS,
+                          U_COLS_IN)
+        zero = gl.zeros([BV, BT], gl.float32, layout=chunk_l)
+        # Each chunk's output waits in shared memory (two buffers, alternating) and leaves during the
+        # next chunk, while its products run: held in registers across the loop it made the pass spill.
+        out_s = gl.allocate_shared_memory(dtype, [2, BV, BT], gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8,
+                                                                                      order=[0, 1]))
+        for c in range(0, chunks):
+            chunk_start = start + c * BT
+            stage = c % STAGES
+            decay = gl.load(DECAY_ptr + chunk_start * HV + i_hv)
+            async_copy.wait_group(STAGES - 2)  # this chunk's tiles are in
+            fence_async_shared()
+            gl.thread_barrier()  # every thread's copies, and the previous chunk's reads of the stage reused below
+            # -h: v_new = u + (-h) w accumulates onto u's tile; o's first term is then -(h q).
+            minus_h = gl.convert_layout((-state).to(dtype), state_a)
+            u_t = u_s.index(stage).permute((1, 0)).load(chunk_l).to(gl.float32)
+            v_new = warpgroup_mma(minus_h, w_s.index(stage).permute((1, 0)), u_t, is_async=True)
+            if OUTPUTS:
+                minus_qh = warpgroup_mma(minus_h, q_s.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True)
+            # While the products run: the chunk STAGES - 1 ahead into the stage the previous chunk used.
+            if AWAIT:
+                await_flag(flags + gl.minimum(c + STAGES - 1, last) * HV)
+            _copy_chunk_t(chunk_start + (STAGES - 1) * BT, end, (c + STAGES - 1) % STAGES, i_h, i_hv, col0, u_limit,
+                          Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, w_s, k_s, q_s, p_s, u_s, scales_s, H, HV,
+                          K, V, BT, BK, BV, OUTPUTS, U_COLS_IN)
+            if OUTPUTS and c > 0:  # the previous chunk's output
+                _store_output_t(O_ptr, out_s.index((c + 1) % 2), chunk_start - BT, end, i_hv, col0, HV, V, BT, BV)
+            k_scale = scales_s.index(stage).slice(BT, BT).load(tokens_of)
+            v_new = warpgroup_mma_wait(1 if OUTPUTS else 0, deps=(v_new,))  # q h may run on
+            update = gl.convert_layout((v_new * k_scale[None, :]).to(dtype), update_a)
+            state = warpgroup_mma(update, k_s.index(stage), state * decay, is_async=True)
+            if OUTPUTS:
+                minus_q_scale = -scales_s.index(stage).slice(0, BT).load(tokens_of)
+                minus_qh = warpgroup_mma_wait(1, deps=(minus_qh,))
+                out = warpgroup_mma(gl.convert_layout(v_new.to(dtype), state_a), p_s.index(stage).permute((1, 0)),
+                                    minus_qh * minus_q_scale[None, :], is_async=True)
+                state, out = warpgroup_mma_wait(0, deps=(state, out))
+                out_s.index(c % 2).store(out.to(dtype))
+            else:
+                state = warpgroup_mma_wait(0, deps=(state,))
+        async_copy.wait_group(0)
+        if OUTPUTS and chunks > 0:
+            gl.thread_barrier()  # every thread's part of the last output tile is in
+            _store_output_t(O_ptr, out_s.index((chunks + 1) % 2), start + (chunks - 1) * BT, end, i_hv, col0, HV, V, BT,
+                            BV)
 
     if SEGMENT_STATE:  # h^T and M^T: the tile's K index runs along its columns
         _store_segment_state(HLOC_ptr, M_ptr, state, k_idx[None, :], cols[:, None], (i_s * HV + i_hv) * K, valid,

@@ -259,6 +259,13 @@ HOPPER_REGISTER_PAIRS: Mapping[int, int] = types.MappingProxyType({64: 2})
 # 128): the register-state pass's 64-column tiles per program (one warpgroup each) and its cp.async
 # stages there. An empty table turns it off.
 HOPPER_CONCURRENT: Mapping[int, tuple[int, int]] = types.MappingProxyType({128: (1, 3)})
+# Where the register-state pass takes two tiles per program (uncut sequences whose pairs fill every SM)
+# at K = 128: the prepare pass stores T = (I + A)^-1 diag(beta) and k's per-token factor in w's and u's
+# places (no v read, no w or u formed) and the pass forms v_new = T (v - diag(factor) k h) itself,
+# FlashInfer's order of the chain. On the H200 at B8 T4096 32/32: 0.878 -> 0.775 ms (prepare 458 -> 342
+# us, sequential 370 -> 406); the one-warpgroup form lost (1x8192 16/64 +7%, 8x1024 +8%), BENCHMARKS.md
+# "twenty-sixth set".
+HOPPER_PAIRS_FROM_V = True
 
 # The prepare pass on sm_90 (hopper_prepare_kernels; the inputs hopper_pass takes): per K, its register
 # cap (Triton's maxnreg; None: uncapped). At K = 128, 168 registers (24 bytes spilled) give three
@@ -355,7 +362,8 @@ def launch_chunk_gated_delta_rule(
                      tuple(HOPPER_STAGES.items()), tuple(HOPPER_PREPARE.items()),
                      tuple(HOPPER_REGISTER_STAGES.items()), tuple(HOPPER_REGISTER_PAIRS.items()),
                      tuple(HOPPER_CONCURRENT.items()), tuple(COMBINE_LAUNCH.items()),
-                     tuple(HOPPER_REGISTER_CUT.items()), tuple(HOPPER_REGISTER_SEGMENT_STAGES.items()))
+                     tuple(HOPPER_REGISTER_CUT.items()), tuple(HOPPER_REGISTER_SEGMENT_STAGES.items()),
+                     HOPPER_PAIRS_FROM_V)
     run = _launchers()
     cu = cu_seqlens if cu_seqlens is not None else _unused_offsets(device)
     initial = initial_state.float().contiguous() if initial_state is not None else final
@@ -388,6 +396,9 @@ def launch_chunk_gated_delta_rule(
             combine=(initial, scratch.h_local, scratch.transitions, scratch.h_init, cu, num_seqs,
                      recipe.segments_per_seq, recipe.segment_tokens),
             recurrence=(q, k, *prepared, h_init, final, o, final, final, *segments,
+                        *((scratch.flags,) if recipe.hopper_registers else ()))
+            if not recipe.from_v else
+            (q, k, scratch.w, v, *prepared[2:], h_init, final, o, scratch.u, final, *segments,
                         *((scratch.flags,) if recipe.hopper_registers else ())),
         )
 
@@ -468,6 +479,7 @@ class _Recipe:
     concurrent: bool  # the sequential pass runs beside the prepare pass, launched first (ready_flags)
     sequential_programs: int  # concurrent: the sequential pass's grid size (ready_flags.finish_prepare)
     workspace: Layout  # every intermediate (_Scratch)
+    from_v: bool = False  # HOPPER_PAIRS_FROM_V: the prepare pass stores T, the sequential pass reads v
 
 
 # Per class of call: deciding costs more host time than a launch. The key holds the launch-table
@@ -481,7 +493,7 @@ def _recipe(
     hopper_prepare: tuple[tuple[int, int | None], ...], hopper_register_stages: tuple[tuple[int, int], ...],
     hopper_register_pairs: tuple[tuple[int, int], ...], hopper_concurrent: tuple[tuple[int, tuple[int, int]], ...],
     combine_launch: tuple[tuple[str, int], ...], hopper_register_cut: tuple[tuple[int, int], ...],
-    hopper_register_segment_stages: tuple[tuple[int, int], ...],
+    hopper_register_segment_stages: tuple[tuple[int, int], ...], pairs_from_v: bool = False,
 ) -> _Recipe:
     batch, tokens, heads, key_dim = q_shape
     value_heads, value_dim = v_shape[2], v_shape[3]
@@ -542,23 +554,26 @@ def _recipe(
         recurrence_tail = {"STAGES": stages, "num_warps": 4 * plan.warpgroups}
     segment_tail = recurrence_tail
     segment_stages = dict(hopper_register_segment_stages).get(block_v) if segment_chunks and hopper_registers else None
+    from_v = (pairs_from_v and gluon_prepare and plan.warpgroups == 2 and not plan.concurrent and not segment_chunks
+              and key_dim == 128 and value_dim % block_v == 0)
     if hopper_registers:
-        recurrence_tail = {**recurrence_tail, "AWAIT": plan.concurrent}
+        recurrence_tail = {**recurrence_tail, "AWAIT": plan.concurrent, "FROM_V": from_v}
         if segment_chunks:  # the register-state segment-state pass, or hopper_kernels'
-            segment_tail = ({"STAGES": segment_stages, "num_warps": 4, "AWAIT": False} if segment_stages
+            segment_tail = ({"STAGES": segment_stages, "num_warps": 4, "AWAIT": False, "FROM_V": False}
+                            if segment_stages
                             else {"STAGES": dict(hopper_stages)[block_v], "num_warps": 4})
     prepare_tail = {"num_warps": prep_warps, "num_stages": 1}
     if gluon_prepare:
         # Beside the sequential pass: its programmatic dependent, started once every sequential program
         # has (ready_flags.launch_dependents), on the SMs they left.
-        prepare_tail = {"CONCURRENT": plan.concurrent, "num_warps": 4,
+        prepare_tail = {"CONCURRENT": plan.concurrent, "num_warps": 4, "STORE_T": from_v,
                         **({"maxnreg": caps[key_dim]} if caps[key_dim] else {}),
                         **({"launch_pdl": True} if plan.concurrent else {})}
     return _Recipe(
         spec=(q_shape, v_shape, dtype, cu_dtype, num_seqs, has_initial, output_final_state, l2norm, num_segments,
               device, seen, block_vs, launch, prepare_launch, hopper_stages, hopper_prepare, hopper_register_stages,
               hopper_register_pairs, hopper_concurrent, combine_launch, hopper_register_cut,
-              hopper_register_segment_stages),
+              hopper_register_segment_stages, pairs_from_v),
         chunks_per_seq=chunks_per_seq, segment_chunks=segment_chunks,
         segments_per_seq=segments_per_seq, max_segments=max_segments, segment_tokens=segment_tokens,
         prepare_grid=(max_chunks, value_heads),
@@ -582,8 +597,9 @@ def _recipe(
         hopper_prepare=gluon_prepare,
         concurrent=plan.concurrent,
         sequential_programs=value_tiles * max_segments * value_heads if plan.concurrent else 0,
+        from_v=from_v,
         workspace=_workspace(total, value_heads, key_dim, value_dim, dtype, max_segments, bool(segment_chunks),
-                             max_chunks * value_heads + 2 if plan.concurrent else 0),
+                             max_chunks * value_heads + 2 if plan.concurrent else 0, from_v),
     )
 
 
@@ -611,11 +627,13 @@ class _Arguments(NamedTuple):
 
 
 def _workspace(total: int, value_heads: int, key_dim: int, value_dim: int, dtype: torch.dtype, max_segments: int,
-               segmented: bool, flags: int) -> Layout:
+               segmented: bool, flags: int, from_v: bool = False) -> Layout:
     """The parts of ``_Scratch``; those a class of call does not use are empty."""
     segments = max_segments if segmented else 0
     return Layout.of([
-        ((total, value_heads, key_dim), dtype), ((total, value_heads, value_dim), dtype),
+        ((total, value_heads, key_dim), dtype),
+        # from_v: k's per-token factor in w (fp32) in u's place; T takes w's.
+        ((total, value_heads), torch.float32) if from_v else ((total, value_heads, value_dim), dtype),
         ((total, value_heads, CHUNK), dtype),
         *[((total, value_heads), torch.float32)] * 3,  # the q, k and decay scales
         ((segments, value_heads, key_dim, value_dim), torch.float32),

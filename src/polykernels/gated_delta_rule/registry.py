@@ -170,3 +170,27 @@ for _name, _warpgroups, _stages, _await, _segment_state in (
         allowed=_on_hopper, platform_constexprs=_precision,
         options={"num_warps": 4 * _warpgroups},
     ))
+# launch.HOPPER_PAIRS_FROM_V (sm_90, K = 128): the prepare pass storing T and k's factor in w, and the
+# two-warpgroup register-state pass forming v_new from v and T.
+register(KernelSpec(
+    name="gdn_prepare_hopper_t", module="polykernels.gated_delta_rule.hopper_prepare_kernels",
+    function="gdn_prepare_hopper_kernel",
+    signature={**{name: ("*fp32" if name == "U_ptr" else kind) for name, kind in _PREPARE_SIGNATURE.items()
+                  if kind != "constexpr"},
+               "FLAGS": "*i32", "SEQUENTIAL_PROGRAMS": "i32",
+               **{name: kind for name, kind in _PREPARE_SIGNATURE.items() if kind == "constexpr"},
+               "CONCURRENT": "constexpr", "STORE_T": "constexpr"},
+    constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV,
+                "VARLEN": True, "CONCURRENT": False, "STORE_T": True},
+    allowed=_on_hopper, platform_constexprs=functools.partial(_prepare_precision, False),
+    options={"num_warps": 4, **({"maxnreg": _PREPARE_CAP} if _PREPARE_CAP else {})},
+))
+register(KernelSpec(
+    name="gdn_recurrence_hopper_rs_pair_from_v", module="polykernels.gated_delta_rule.hopper_register_kernels",
+    function="gdn_recurrence_hopper_rs_kernel", signature={**_RS_SIGNATURE, "FROM_V": "constexpr"},
+    constexprs={**_SHAPE, "V": 128, "BV": 2 * _WIDE_BV, "NV": 128 // (2 * _WIDE_BV), "VARLEN": True, "LOG_N": 4,
+                "HAS_INITIAL": True, "SEGMENT_STATE": False, "STORE_FINAL": True,
+                "STAGES": HOPPER_REGISTER_PAIRS[_WIDE_BV], "AWAIT": False, "FROM_V": True},
+    allowed=_on_hopper, platform_constexprs=_precision,
+    options={"num_warps": 8},
+))

@@ -138,12 +138,12 @@ def test_triton_many_packed_sequences_int32_boundaries(segments: int | None) -> 
     check_against_naive(run, inputs, dtype, initial=True, cu_seqlens=cu, num_seqs=len(lengths))
 
 
-def _nan_causality(run, device: str, positions, dtype: torch.dtype = torch.float32) -> None:
+def _nan_causality(run, device: str, positions, dtype: torch.dtype = torch.float32, dim: int = 32) -> None:
     """A non-finite input at token t: outputs before t stay finite, and t (k/v/g/beta: onwards) is NaN.
     16-bit inputs are checked after the bf16/fp16 loads, before the products round anything."""
     for name in ("q", "k", "v", "g", "beta"):
         for t in positions:
-            inputs = dict(zip(["q", "k", "v", "g", "beta"], make_inputs(1, 130, 1, 1, 32, 32, dtype, device=device),
+            inputs = dict(zip(["q", "k", "v", "g", "beta"], make_inputs(1, 130, 1, 1, dim, dim, dtype, device=device),
                               strict=True))
             inputs[name][0, t, 0] = float("inf") if name == "v" else float("nan")
             o, state = run(*inputs.values())
@@ -225,7 +225,7 @@ def _sm90_recipe(monkeypatch: pytest.MonkeyPatch, batch: int, tokens: int, heads
         tuple(launch.HOPPER_PREPARE.items()), tuple(launch.HOPPER_REGISTER_STAGES.items()),
         tuple(launch.HOPPER_REGISTER_PAIRS.items()), tuple(launch.HOPPER_CONCURRENT.items()),
         tuple(launch.COMBINE_LAUNCH.items()), tuple(launch.HOPPER_REGISTER_CUT.items()),
-        tuple(launch.HOPPER_REGISTER_SEGMENT_STAGES.items()))
+        tuple(launch.HOPPER_REGISTER_SEGMENT_STAGES.items()), launch.HOPPER_PAIRS_FROM_V)
 
 
 def test_segment_plan_runs_the_passes_side_by_side_where_wide_tiles_leave_half_the_sms() -> None:
@@ -338,6 +338,14 @@ def test_register_state_pass_pairs_tiles_where_the_pairs_fill_the_gpu(monkeypatc
     assert recipe.hopper_registers and recipe.recurrence_grid == (1, 8, 32)
     assert (recipe.recurrence_meta["BV"], recipe.recurrence_meta["num_warps"]) == (128, 8)
     assert recipe.recurrence_meta["STAGES"] == launch.HOPPER_REGISTER_PAIRS[64]
+    # HOPPER_PAIRS_FROM_V: the prepare pass stores T, the pairs form v_new from v (u's part holds k's factor)
+    assert recipe.recurrence_meta["FROM_V"] and recipe.prepare_meta["STORE_T"]
+    assert recipe.workspace.parts[1].shape == (8 * 4096, 32) and recipe.workspace.parts[1].dtype == torch.float32
+    monkeypatch.setattr(launch, "HOPPER_PAIRS_FROM_V", False)
+    recipe = _sm90_recipe(monkeypatch, 8, 4096, 32, 32, None)
+    assert not recipe.recurrence_meta["FROM_V"] and not recipe.prepare_meta["STORE_T"]
+    alone = _sm90_recipe(monkeypatch, 1, 8192, 16, 64, None)  # one tile per program: never
+    assert alone.recurrence_meta["num_warps"] == 4 and not alone.recurrence_meta["FROM_V"]
 
 
 def test_segment_plan_pairs_register_tiles_only_where_the_pairs_fill_the_gpu() -> None:
@@ -605,7 +613,8 @@ def _starting_mid_row(tensor: torch.Tensor) -> torch.Tensor:
     (3000, 128, 128, None, None, torch.float16, False),
     (1000, 128, 128, None, None, torch.bfloat16, True)],
     ids=["K128", "K64-V100-packed-3seg", "K128-packed-3seg", "K128-V64-2seg", "K128-fp16", "K128-qk-mid-row"])
-@pytest.mark.parametrize("variant", ["shared-state", "register-state", "register-state-cut", "register-pair"])
+@pytest.mark.parametrize("variant", ["shared-state", "register-state", "register-state-cut", "register-pair",
+                                     "register-pair-from-v"])
 def test_gpu_hopper_pass_matches_the_portable_pass(gpu_device: str, monkeypatch: pytest.MonkeyPatch, tokens: int,
                                                    key_dim: int, value_dim: int, lengths, segments,
                                                    dtype: torch.dtype, mid_row: bool, variant: str) -> None:
@@ -614,10 +623,14 @@ def test_gpu_hopper_pass_matches_the_portable_pass(gpu_device: str, monkeypatch:
     # V tile, against the shared-state pass, on uncut sequences and as the output pass of cut ones;
     # its two-warpgroup form, two tiles per program, against the one-warpgroup form): cp.async tiles
     # reading zeros past each sequence's end and past V (100 columns), fp16, and q, k views starting
-    # off a 16-byte boundary (copied first).
+    # off a 16-byte boundary (copied first). The pairs as they run at K = 128 (launch.HOPPER_PAIRS_FROM_V:
+    # the prepare pass stores T, the pairs form v_new from v) round v - diag(factor) k h to 16 bits where
+    # the one-warpgroup form rounds w and u: held to that form's error against the fp64 recurrence.
     if torch.cuda.get_device_capability(gpu_device) != (9, 0):
         pytest.skip("the Gluon sequential passes run on sm_90 only; the other GPU tests cover this GPU's pass")
     from polykernels.gated_delta_rule import launch
+
+    monkeypatch.setattr(launch, "HOPPER_PAIRS_FROM_V", variant == "register-pair-from-v")
 
     if variant == "shared-state":
         monkeypatch.setattr(launch, "HOPPER_REGISTER_STAGES", {})
@@ -627,7 +640,8 @@ def test_gpu_hopper_pass_matches_the_portable_pass(gpu_device: str, monkeypatch:
         factory, table = "_hopper_register_launcher", "HOPPER_REGISTER_STAGES"
         segments = (segments or 2) if variant == "register-state-cut" else 1
         monkeypatch.setattr(launch, "HOPPER_REGISTER_CUT", {64: 1})
-    if variant == "register-pair":  # pairs on a GPU of one SM: they always fill it
+    pairs = variant.startswith("register-pair")
+    if pairs:  # pairs on a GPU of one SM: they always fill it
         from polykernels import platform
 
         monkeypatch.setattr(platform, "sm_count", lambda device: 1)
@@ -645,14 +659,18 @@ def test_gpu_hopper_pass_matches_the_portable_pass(gpu_device: str, monkeypatch:
     def run():
         return launch_chunk_gated_delta_rule(*inputs, key_dim**-0.5, h0, True, cu, False, segments)
 
+    exact = None
+    if variant == "register-pair-from-v":
+        exact = naive_recurrent_gated_delta_rule(*(t.double() for t in inputs), key_dim**-0.5, h0.double(), True, cu,
+                                                 False)
     try:
-        runs = _matches_with_the_pass_off(monkeypatch, run, factory, table, 1e-3)
+        runs = _matches_with_the_pass_off(monkeypatch, run, factory, table, 1e-3 if exact is None else 1.5, exact)
     finally:
-        if variant == "register-pair":  # the real factories back, then what the pairs left is dropped
+        if pairs:  # the real factories back, then what the pairs left is dropped
             monkeypatch.undo()
             launch._recipe.cache_clear()
             launch.forget_launchers()
-    if variant == "register-pair" and value_dim > 64:  # two tiles per program of 8 warps, against one of 4
+    if pairs and value_dim > 64:  # two tiles per program of 8 warps, against one of 4
         (paired_grid, paired_warps), (single_grid, single_warps) = runs
         assert (paired_grid[0], paired_warps, single_grid[0], single_warps) == (-(-value_dim // 128), 8,
                                                                                  -(-value_dim // 64), 4), runs
@@ -729,6 +747,7 @@ def test_gpu_passes_side_by_side_match_them_one_after_the_other(gpu_device: str,
             tables.setattr(launch, name, getattr(launch, name))  # restored after serial_at_64 replaces them
         if form[0] == 2:  # the serial plan pairs the tiles where the pairs fill the SMs: make them do so
             tables.setattr(platform, "sm_count", lambda device: 1)
+        tables.setattr(launch, "HOPPER_PAIRS_FROM_V", False)  # the same kernels' bits: w and u from the prepare pass
         want = serial_at_64(launch, call)
     assert ran_side_by_side(launch)
     for got in (first, replayed, captured):
@@ -811,6 +830,19 @@ def test_gpu_nan_never_reaches_earlier_tokens(gpu_device: str, segments, dtype: 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_gpu_nan_never_reaches_earlier_tokens_where_pairs_form_v_new(gpu_device: str, monkeypatch: pytest.MonkeyPatch,
+                                                                   dtype: torch.dtype) -> None:
+    # K = V = 128 on a GPU of one SM: the register-state pairs (launch.HOPPER_PAIRS_FROM_V on sm_90), where
+    # the sequential pass reads v itself and a non-finite v row takes the checked rerun.
+    from polykernels import platform
+
+    monkeypatch.setattr(platform, "sm_count", lambda device: 1)
+    _nan_causality(lambda *a: launch_chunk_gated_delta_rule(*a, 0.2, None, True, None, False, None), gpu_device,
+                   NAN_POSITIONS, dtype, dim=128)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("packed", [False, True], ids=["batched", "cu_seqlens"])
 def test_gpu_capturable_in_a_cuda_graph(gpu_device: str, packed: bool) -> None:
     # No host-built tables and no host synchronization: a CUDA graph replays the op.
@@ -871,7 +903,8 @@ def test_kernels_compile_for_amd(target: str) -> None:
                                         "gdn_recurrence_hopper_wide", "gdn_segment_state_hopper_wide",
                                         "gdn_recurrence_hopper_rs", "gdn_recurrence_hopper_rs_pair",
                                         "gdn_prepare_hopper_concurrent", "gdn_recurrence_hopper_rs_concurrent",
-                                        "gdn_segment_state_hopper_rs"}
+                                        "gdn_segment_state_hopper_rs", "gdn_prepare_hopper_t",
+                                        "gdn_recurrence_hopper_rs_pair_from_v"}
     assert set(names) == {"gdn_prepare", "gdn_recurrence", "gdn_segment_state", "gdn_combine",
                           "gdn_recurrence_fp32", "gdn_prepare_fp32"}
     for kernel in names:
