@@ -25,6 +25,10 @@ registers allowed two. Programs run the value heads of a chunk one after another
 B1 T32768 32/32 the pass takes 456 us, where it took 549-553 with programs in chunk order and v
 copied after the first products (BENCHMARKS.md, "sixteenth set"; the Triton kernel: 748 us).
 
+With STORE_T (launch.HOPPER_PAIRS_FROM_V) the pass stores T = Ai diag(beta) in w's place and k's
+per-token factor in w in u's, and neither reads v nor forms w and u: the register-state pairs form
+v_new from v and T themselves.
+
 With CONCURRENT the pass runs beside the register-state sequential pass, as that launch's
 programmatic dependent: each program raises its (chunk, value head)'s ready flag after its stores,
 and the last program to finish waits for the sequential pass to finish too (ready_flags).

@@ -24,6 +24,11 @@ SEGMENT_STATE it is the segment-state pass of those cut sequences (columns [V | 
 each segment's state from zero, and its transition from the identity with u = 0; no outputs, so q's and
 P's tiles are never copied: two stages fit 81 KiB, two programs per SM).
 
+With FROM_V (launch.HOPPER_PAIRS_FROM_V, the two-warpgroup form of uncut sequences) the chain is
+FlashInfer's: v_new^T = (v^T - (k h)^T diag(factor)) T^T from v's tile and the prepare pass's T, three
+products on the state's path where the form above has two, and no w or u made or read (on the H200 at
+B8 T4096 32/32 the op 10.8% faster, BENCHMARKS.md "twenty-sixth set").
+
 With AWAIT the pass runs beside the prepare pass (launch.plan_segments' concurrent form: one
 sequence per batch row, wide-tile programs that leave at least half the SMs): it is launched first,
 lets the prepare pass start at once as its programmatic dependent, and waits for each chunk's ready
