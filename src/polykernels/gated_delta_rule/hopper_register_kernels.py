@@ -163,6 +163,18 @@ def _clean_rows(v_tile, k_tile, BT: gl.constexpr, BV: gl.constexpr, BK: gl.const
 
 
 @gluon.jit
+def _chunk_in(c, start, DECAY_ptr, i_hv, HV: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr):
+    """The loop's chunk ``c``: its first token, its stage and its decay, once its tiles are in."""
+    chunk_start = start + c * BT
+    stage = c % STAGES
+    decay = gl.load(DECAY_ptr + chunk_start * HV + i_hv)
+    async_copy.wait_group(STAGES - 2)  # this chunk's tiles are in
+    fence_async_shared()
+    gl.thread_barrier()  # every thread's copies, and the previous chunk's reads of the stage reused below
+    return chunk_start, stage, decay
+
+
+@gluon.jit
 def _chunks_from_v(state, start, end, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr, KS_ptr, WS_ptr,
                DECAY_ptr, O_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, out_s, H: gl.constexpr, HV: gl.constexpr,
                K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr,
@@ -181,12 +193,7 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_pt
                        KS_ptr, WS_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, H, HV, K, V, BT, BK, BV)
     zero = gl.zeros([BV, BT], gl.float32, layout=chunk_l)
     for c in range(0, chunks):
-        chunk_start = start + c * BT
-        stage = c % STAGES
-        decay = gl.load(DECAY_ptr + chunk_start * HV + i_hv)
-        async_copy.wait_group(STAGES - 2)  # this chunk's tiles are in
-        fence_async_shared()
-        gl.thread_barrier()  # every thread's copies, and the previous chunk's reads of the stage reused below
+        chunk_start, stage, decay = _chunk_in(c, start, DECAY_ptr, i_hv, HV, BT, STAGES)
         if CHECKED:  # NaN from the first non-finite v or k row on: the outputs (through q's scale), and the state
             first_bad = _clean_rows(v_s.index(stage), k_s.index(stage), BT, BV, BK)
             nan = gl.full([BT], _NAN_BITS, gl.int32, layout=tokens_of).to(gl.float32, bitcast=True)
@@ -332,12 +339,7 @@ def gdn_recurrence_hopper_rs_kernel(
         out_s = gl.allocate_shared_memory(dtype, [2, BV, BT], gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8,
                                                                                       order=[0, 1]))
         for c in range(0, chunks):
-            chunk_start = start + c * BT
-            stage = c % STAGES
-            decay = gl.load(DECAY_ptr + chunk_start * HV + i_hv)
-            async_copy.wait_group(STAGES - 2)  # this chunk's tiles are in
-            fence_async_shared()
-            gl.thread_barrier()  # every thread's copies, and the previous chunk's reads of the stage reused below
+            chunk_start, stage, decay = _chunk_in(c, start, DECAY_ptr, i_hv, HV, BT, STAGES)
             # -h: v_new = u + (-h) w accumulates onto u's tile; o's first term is then -(h q).
             minus_h = gl.convert_layout((-state).to(dtype), state_a)
             u_t = u_s.index(stage).permute((1, 0)).load(chunk_l).to(gl.float32)
