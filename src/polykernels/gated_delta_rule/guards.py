@@ -24,7 +24,9 @@ def choose(device_type: str) -> Choice:
                             "sequential one with the state in registers at 64-column V tiles of uncut sequences "
                             "and of segments of at least launch.HOPPER_REGISTER_CUT chunks, both segment passes "
                             "there (hopper_register_kernels; two tiles per program of two warpgroups where "
-                            "N x HV x V/128 programs still fill the SMs; beside the prepare pass, waiting for each "
+                            "N x HV x V/128 programs still fill the SMs, at K = 128 forming v_new from v and the "
+                            "prepare pass's (I + A)^-1 diag(beta): launch.HOPPER_PAIRS_FROM_V; beside the "
+                            "prepare pass, waiting for each "
                             "chunk's ready flag, where its N x HV x V/64 programs leave half the SMs to it: "
                             "ready_flags)")
 
