@@ -262,8 +262,8 @@ HOPPER_CONCURRENT: Mapping[int, tuple[int, int]] = types.MappingProxyType({128: 
 # Where the register-state pass takes two tiles per program (uncut sequences whose pairs fill every SM)
 # at K = 128: the prepare pass stores T = (I + A)^-1 diag(beta) and k's per-token factor in w's and u's
 # places (no v read, no w or u formed) and the pass forms v_new = T (v - diag(factor) k h) itself,
-# FlashInfer's order of the chain. On the H200 at B8 T4096 32/32: 0.878 -> 0.775 ms (prepare 458 -> 342
-# us, sequential 370 -> 406); the one-warpgroup form lost (1x8192 16/64 +7%, 8x1024 +8%), BENCHMARKS.md
+# FlashInfer's order of the chain. On the H200 at B8 T4096 32/32: 0.854 -> 0.761 ms (prepare 462 -> 342
+# us, sequential 366 -> 409); the one-warpgroup form lost (1x8192 16/64 +7%, 8x1024 +8%), BENCHMARKS.md
 # "twenty-sixth set".
 HOPPER_PAIRS_FROM_V = True
 
