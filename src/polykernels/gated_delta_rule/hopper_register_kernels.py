@@ -113,7 +113,7 @@ def _store_output_t(O_ptr, out_s, chunk_start, end, i_hv, col0, HV: gl.constexpr
 @gluon.jit
 def _copy_chunk_from_v(chunk_start, end, stage, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr, KS_ptr,
                        WS_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
-                   V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr):
+                       V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr):
     """The FROM_V form's chunk, one cp.async group: T (BT x BT), k, v's columns, q, P, and the
     scales (q's, k's, then w's factor of k and k's again: two power-of-two vectors)."""
     row_of = chunk_start * HV + i_hv
@@ -176,13 +176,13 @@ def _chunk_in(c, start, DECAY_ptr, i_hv, HV: gl.constexpr, BT: gl.constexpr, STA
 
 @gluon.jit
 def _chunks_from_v(state, start, end, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr, KS_ptr, WS_ptr,
-               DECAY_ptr, O_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, out_s, H: gl.constexpr, HV: gl.constexpr,
-               K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr,
-               STAGES: gl.constexpr, CHECKED: gl.constexpr, state_l: gl.constexpr, chunk_l: gl.constexpr):
+                   DECAY_ptr, O_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, out_s, H: gl.constexpr, HV: gl.constexpr,
+                   K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr,
+                   STAGES: gl.constexpr, CHECKED: gl.constexpr, state_l: gl.constexpr, chunk_l: gl.constexpr):
     """FlashInfer's order of the chain: v_new^T = (v^T - (k h)^T diag(ws)) T^T, three products on
     the state's path (k h, T, the update), with q h and P behind them (launch.HOPPER_PAIRS_FROM_V).
-    CHECKED: each chunk's v and k rows from the first non-finite one are zeroed and that row's outputs and
-    the state poisoned, as the prepare pass does where it forms u."""
+    CHECKED: each chunk's v and k rows from the first non-finite one are zeroed, and that row's outputs
+    and the state poisoned, as the prepare pass does where it forms u."""
     dtype: gl.constexpr = T_ptr.dtype.element_ty
     state_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=chunk_l, k_width=2)
     update_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=state_l, k_width=2)
@@ -190,7 +190,7 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_pt
     chunks = ((end - start + BT - 1) // BT).to(gl.int32)
     for ahead in gl.static_range(STAGES - 1):
         _copy_chunk_from_v(start + ahead * BT, end, ahead, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr,
-                       KS_ptr, WS_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, H, HV, K, V, BT, BK, BV)
+                           KS_ptr, WS_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, H, HV, K, V, BT, BK, BV)
     zero = gl.zeros([BV, BT], gl.float32, layout=chunk_l)
     for c in range(0, chunks):
         chunk_start, stage, decay = _chunk_in(c, start, DECAY_ptr, i_hv, HV, BT, STAGES)
@@ -204,8 +204,8 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_pt
         # While k h runs: the chunk STAGES - 1 ahead into the stage the previous chunk used, and the
         # previous chunk's output.
         _copy_chunk_from_v(chunk_start + (STAGES - 1) * BT, end, (c + STAGES - 1) % STAGES, i_h, i_hv, col0, Q_ptr,
-                       K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr, KS_ptr, WS_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, H, HV, K,
-                       V, BT, BK, BV)
+                           K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr, KS_ptr, WS_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, H, HV,
+                           K, V, BT, BK, BV)
         if c > 0:
             _store_output_t(O_ptr, out_s.index((c + 1) % 2), chunk_start - BT, end, i_hv, col0, HV, V, BT, BV)
         w_scale = scales_s.index(stage).slice(2 * BT, BT).load(tokens_of)
@@ -297,8 +297,8 @@ def gdn_recurrence_hopper_rs_kernel(
         out_s = gl.allocate_shared_memory(dtype, [2, BV, BT], gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8,
                                                                                       order=[0, 1]))
         state = _chunks_from_v(state, start, end, i_h, i_hv, col0, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr,
-                           HLOC_ptr, DECAY_ptr, O_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, out_s, H, HV, K, V, BT, BK,
-                           BV, STAGES, False, state_l, chunk_l)
+                               HLOC_ptr, DECAY_ptr, O_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, out_s, H, HV, K, V, BT,
+                               BK, BV, STAGES, False, state_l, chunk_l)
         # A non-finite v or k row reaches every row of T's product (0 x Inf), and from there the state:
         # the rare program whose state ends non-finite runs again, checking each chunk's v and k rows.
         if gl.max(gl.max(gl.where(state * 0.0 == 0.0, 0, 1), axis=1), axis=0) > 0:

@@ -388,6 +388,9 @@ def launch_chunk_gated_delta_rule(
         prepared = scratch[:6]
         segments = (cu, tokens, num_seqs, recipe.segments_per_seq, recipe.segment_tokens)
         h_init = scratch.h_init if recipe.segment_chunks else initial
+        # from_v: T (in w's part) and v where w and u go, and k's factor (in u's part) in the slot of the
+        # segment states, which an uncut pass leaves unused.
+        read, factor = ((scratch.w, v, *prepared[2:]), scratch.u) if recipe.from_v else (prepared, final)
         return _Arguments(
             prepare=(q, k, v, g, beta, *prepared, cu, tokens, num_seqs, recipe.chunks_per_seq, scale,
                      *((scratch.flags, recipe.sequential_programs) if recipe.hopper_prepare else ())),
@@ -395,10 +398,7 @@ def launch_chunk_gated_delta_rule(
                            *((scratch.flags,) if recipe.segment_registers else ())),
             combine=(initial, scratch.h_local, scratch.transitions, scratch.h_init, cu, num_seqs,
                      recipe.segments_per_seq, recipe.segment_tokens),
-            recurrence=(q, k, *prepared, h_init, final, o, final, final, *segments,
-                        *((scratch.flags,) if recipe.hopper_registers else ()))
-            if not recipe.from_v else
-            (q, k, scratch.w, v, *prepared[2:], h_init, final, o, scratch.u, final, *segments,
+            recurrence=(q, k, *read, h_init, final, o, factor, final, *segments,
                         *((scratch.flags,) if recipe.hopper_registers else ())),
         )
 
