@@ -54,8 +54,34 @@ from polykernels.gated_delta_rule.kernels import CHUNK_INVERSE_LEVELS, _bad, _ba
 from polykernels.gated_delta_rule.ready_flags import finish_prepare, raise_flag
 
 _NAN = gl.constexpr(float("nan"))
+_INF = gl.constexpr(float("inf"))
+_LOG2E = gl.constexpr(1.4426950408889634)
 # (I + A)^-1 of a 64-row chunk: the factors (I + p0) ... (I + p5), one more than the squarings.
 _FACTORS = gl.constexpr(CHUNK_INVERSE_LEVELS.value + 1)
+
+
+@gluon.jit
+def _exp2(x):
+    """2^x, one MUFU.EX2 (results below fp32's normal range flush to zero, as scores and gates may)."""
+    return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=gl.float32, is_pure=True,
+                                     pack=1)
+
+
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _cumsum_rows(g_base, length, HV: gl.constexpr, BT: gl.constexpr, square: gl.constexpr):
+    """The chunk's gate cumsum, one value per row of the products' layout: a scan over one value per
+    thread, where a masked row sum in the products' layout took a compare, a select and an add per
+    element (the scan cannot take a slice of that layout in Triton 3.6)."""
+    layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[gl.num_warps()],
+                                            order=[0])
+    t = gl.arange(0, BT, layout=layout)
+    g = gl.load(g_base + t * HV, mask=t < length, other=0.0).to(gl.float32)
+    return gl.convert_layout(gl.associative_scan(g, 0, _add), gl.SliceLayout(1, square))
 
 
 @gluon.jit
@@ -149,7 +175,7 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
     scores = warpgroup_mma(q_s, k_s.permute((1, 0)), zero, use_acc=False, is_async=True)
     # Meanwhile: the gate cumsum as a masked row sum in the products' layout, and (l2norm) q's norms
     # (a third product for them held the pass's registers past its cap).
-    gc = gl.sum(gl.where(r[:, None] >= c[None, :], g_c[None, :], 0.0), axis=1)
+    gc = _cumsum_rows(G_ptr + row_of, length, HV, BT, square)
     # The chunk's gate total (padding rows have g = 0), summed within each warp where g_c's columns
     # lie: the last row's cumsum would take a reduction across warps.
     gate_last = gl.sum(g_c, axis=0)
@@ -176,18 +202,23 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
         fence_async_shared()
         gl.thread_barrier()
         g_c = gl.load(G_ptr + row_of + c * HV, mask=c < gl.minimum(length, first_bad), other=0.0).to(gl.float32)
-        gc = gl.sum(gl.where(r[:, None] >= c[None, :], g_c[None, :], 0.0), axis=1)
+        gc = _cumsum_rows(G_ptr + row_of, gl.minimum(length, first_bad), HV, BT, square)
         gate_last = gl.sum(g_c, axis=0)  # rows past a bad one have g = 0
+        # The products' entries of the rows from the bad one on (NaN where k's row is) leave the scaling
+        # below as zeros: it multiplies by zero there, and 0 x NaN is NaN.
+        kk = gl.where((r < first_bad)[:, None] & (c < first_bad)[None, :], kk, 0.0)
+        scores = gl.where((c < first_bad)[None, :], scores, 0.0)
     keep_r, keep_c = r < first_bad, c < first_bad
     rk = _inverse_row_norm(kk, r, c, L2NORM)
-    # Column vectors cost 16 registers each in the products' layout: they live only until the
-    # scores and p0 are formed, and step 3 forms its own.
-    rk_c = gl.convert_layout(rk, gl.SliceLayout(0, square))
-    gamma = gl.exp(gc[:, None] - gl.convert_layout(gc, gl.SliceLayout(0, square))[None, :])
-    p0 = gl.where((r[:, None] > c[None, :]) & keep_r[:, None],
-                  -(kk * gamma * (gl.where(keep_r, b_r, 0.0) * rk)[:, None] * rk_c[None, :]), 0.0)
-    scores = gl.where((r[:, None] >= c[None, :]) & keep_c[None, :],
-                      scores * gamma * (scale * rq)[:, None] * rk_c[None, :], 0.0)
+    # gamma_rc = exp(gc_r - gc_c) and each product's row and column scales meet in one exponent per
+    # element, the scales as base-2 logarithms: p0_rc = -kk_rc 2^(a_r - b_c), scores_rc = qk_rc 2^(s_r - b_c).
+    # A row past the valid ones has a = -inf (beta 0), a column past them b = +inf: 2^-inf = 0. One FADD,
+    # MUFU and FMUL per element where exp and three products took six or more.
+    b_c = gl.convert_layout(gl.where(keep_r, gc * _LOG2E - gl.log2(rk), _INF), gl.SliceLayout(0, square))
+    a_r = gl.where(keep_r, gc * _LOG2E + gl.log2(b_r * rk), -_INF)
+    s_r = gc * _LOG2E + gl.log2(scale * rq)
+    p0 = gl.where(r[:, None] > c[None, :], -(kk * _exp2(a_r[:, None] - b_c[None, :])), 0.0)
+    scores = gl.where(r[:, None] >= c[None, :], scores * _exp2(s_r[:, None] - b_c[None, :]), 0.0)
 
     # Step 2: (I + A)^-1, the squaring of p and the running product issued together. Left operands
     # come from registers; p, the right operand of both, goes through shared memory.
