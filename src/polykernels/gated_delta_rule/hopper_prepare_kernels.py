@@ -68,23 +68,6 @@ def _exp2(x):
 
 
 @gluon.jit
-def _add(a, b):
-    return a + b
-
-
-@gluon.jit
-def _cumsum_rows(g_base, length, HV: gl.constexpr, BT: gl.constexpr, square: gl.constexpr):
-    """The chunk's gate cumsum, one value per row of the products' layout: a scan over one value per
-    thread, where a masked row sum in the products' layout took a compare, a select and an add per
-    element (the scan cannot take a slice of that layout in Triton 3.6)."""
-    layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[gl.num_warps()],
-                                            order=[0])
-    t = gl.arange(0, BT, layout=layout)
-    g = gl.load(g_base + t * HV, mask=t < length, other=0.0).to(gl.float32)
-    return gl.convert_layout(gl.associative_scan(g, 0, _add), gl.SliceLayout(1, square))
-
-
-@gluon.jit
 def _diagonal(product, r, c):
     """The diagonal of a square product, one value per row (r, c: its row and column indices)."""
     return gl.sum(gl.where(r[:, None] == c[None, :], product, 0.0), axis=1)
@@ -175,7 +158,7 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
     scores = warpgroup_mma(q_s, k_s.permute((1, 0)), zero, use_acc=False, is_async=True)
     # Meanwhile: the gate cumsum as a masked row sum in the products' layout, and (l2norm) q's norms
     # (a third product for them held the pass's registers past its cap).
-    gc = _cumsum_rows(G_ptr + row_of, length, HV, BT, square)
+    gc = gl.sum(gl.where(r[:, None] >= c[None, :], g_c[None, :], 0.0), axis=1)
     # The chunk's gate total (padding rows have g = 0), summed within each warp where g_c's columns
     # lie: the last row's cumsum would take a reduction across warps.
     gate_last = gl.sum(g_c, axis=0)
@@ -202,7 +185,7 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
         fence_async_shared()
         gl.thread_barrier()
         g_c = gl.load(G_ptr + row_of + c * HV, mask=c < gl.minimum(length, first_bad), other=0.0).to(gl.float32)
-        gc = _cumsum_rows(G_ptr + row_of, gl.minimum(length, first_bad), HV, BT, square)
+        gc = gl.sum(gl.where(r[:, None] >= c[None, :], g_c[None, :], 0.0), axis=1)
         gate_last = gl.sum(g_c, axis=0)  # rows past a bad one have g = 0
         # The products' entries of the rows from the bad one on (NaN where k's row is) leave the scaling
         # below as zeros: it multiplies by zero there, and 0 x NaN is NaN.
