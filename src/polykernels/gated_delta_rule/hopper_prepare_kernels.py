@@ -16,7 +16,10 @@ q, k and v never pass through registers on their way to the products (with the l
 kernel q's tile is also read for its norms, beside the products): the l2norm, beta and the gates
 scale the products' rows and columns (A = diag(beta / ||k||) k k^T diag(1 / ||k||)) and the
 inverse's columns instead of the tiles, in fp32 (the Triton kernel rounds the scaled tiles to
-16 bits first: this pass is the more accurate). Non-finite rows, which end a chunk's valid rows,
+16 bits first: this pass is the more accurate). The gates and the row and column scales of each
+product meet in one exponent per element (2^(a_r - b_c), the scales as base-2 logarithms): one
+FADD, MUFU and FMUL where exp and three products took six or more (BENCHMARKS.md, "twenty-seventh
+set": the op 0.1-1.9% faster on the H200). Non-finite rows, which end a chunk's valid rows,
 show up in the products (||k||^2 on k k^T's diagonal, any element of u); only then are the tiles
 read row by row. The outputs leave through a row-major layout in 16-byte stores. The launch caps
 registers at 168 (launch.HOPPER_PREPARE): three programs per SM where the Triton kernel's 255
