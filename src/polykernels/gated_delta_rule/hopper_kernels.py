@@ -47,6 +47,17 @@ def _smem_layout(rows, cols):
 
 
 @gluon.jit
+def _chunk_stages(dtype: gl.constexpr, STAGES: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr):
+    """The sequential passes' pipeline stages of a chunk's w, k, q (BT x BK), P (BT x BT) and u (BT x BV)."""
+    w_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], _smem_layout(BT, BK))
+    k_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], _smem_layout(BT, BK))
+    q_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], _smem_layout(BT, BK))
+    p_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BT], _smem_layout(BT, BT))
+    u_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BV], _smem_layout(BT, BV))
+    return w_s, k_s, q_s, p_s, u_s
+
+
+@gluon.jit
 def _copy_tile(smem, base, chunk_start, end, col0, col_limit, ROW_STRIDE: gl.constexpr, ROWS: gl.constexpr,
                COLS: gl.constexpr, ROWS_IN: gl.constexpr, COLS_IN: gl.constexpr):
     """cp.async of one chunk's ROWS x COLS tile (rows past ``end`` and columns past ``col_limit`` read 0).
@@ -188,12 +199,7 @@ def gdn_recurrence_hopper_kernel(
         else:
             state = gl.zeros([BK, BV], gl.float32, layout=mma)
 
-    chunk_layout: gl.constexpr = _smem_layout(BT, BK)
-    w_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], chunk_layout)
-    k_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], chunk_layout)
-    q_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], chunk_layout)
-    p_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BT], _smem_layout(BT, BT))
-    u_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BV], _smem_layout(BT, BV))
+    w_s, k_s, q_s, p_s, u_s = _chunk_stages(dtype, STAGES, BT, BK, BV)
     h_s = gl.allocate_shared_memory(dtype, [BK, BV], _smem_layout(BK, BV))
     update_s = gl.allocate_shared_memory(dtype, [BT, BV], _smem_layout(BT, BV))
     v_new_s = gl.allocate_shared_memory(dtype, [BT, BV], _smem_layout(BT, BV))

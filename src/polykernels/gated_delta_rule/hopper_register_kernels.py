@@ -49,6 +49,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from polykernels.gated_delta_rule.hopper_kernels import (
+    _chunk_stages,
     _copy_chunk_tiles,
     _copy_layout,
     _copy_tile,
@@ -311,12 +312,7 @@ def gdn_recurrence_hopper_rs_kernel(
                                    KS_ptr, HLOC_ptr, DECAY_ptr, O_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, out_s, H, HV,
                                    K, V, BT, BK, BV, STAGES, True, state_l, chunk_l)
     else:
-        chunk_layout: gl.constexpr = _smem_layout(BT, BK)
-        w_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], chunk_layout)
-        k_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], chunk_layout)
-        q_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], chunk_layout)
-        p_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BT], _smem_layout(BT, BT))
-        u_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BV], _smem_layout(BT, BV))
+        w_s, k_s, q_s, p_s, u_s = _chunk_stages(dtype, STAGES, BT, BK, BV)
         scales_s = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * BT],
                                              gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
 
