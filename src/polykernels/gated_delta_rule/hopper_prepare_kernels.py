@@ -54,7 +54,7 @@ from polykernels.gated_delta_rule.hopper_kernels import _copy_layout, _copy_tile
 
 # Element-wise and scalar arithmetic only (no layouts made), so the Triton helpers serve Gluon kernels too.
 from polykernels.gated_delta_rule.kernels import CHUNK_INVERSE_LEVELS, _bad, _bad_rows, _chunk_program, _chunk_span
-from polykernels.gated_delta_rule.ready_flags import finish_prepare, raise_flag
+from polykernels.gated_delta_rule.ready_flags import end_after_leader, raise_flag
 
 _NAN = gl.constexpr(float("nan"))
 _INF = gl.constexpr(float("inf"))
@@ -115,7 +115,7 @@ def gdn_prepare_hopper_kernel(
     if CONCURRENT:  # the sequential pass runs beside this one and waits for this chunk (ready_flags)
         raise_flag(FLAGS + i_c * HV + i_hv)
         programs = gl.num_programs(0) * gl.num_programs(1)
-        finish_prepare(FLAGS + programs, FLAGS + programs + 1, programs, SEQUENTIAL_PROGRAMS)
+        end_after_leader(FLAGS + programs, FLAGS + programs + 1, programs, SEQUENTIAL_PROGRAMS)
 
 
 @gluon.jit

@@ -34,6 +34,14 @@ sequence per batch row, wide-tile programs that leave at least half the SMs): it
 lets the prepare pass start at once as its programmatic dependent, and waits for each chunk's ready
 flag before copying the chunk in (ready_flags).
 
+With LEAD and AFTER_LEAD the cut sequences' passes run launch.plan_segments' ``lead`` form. A
+sequence's first segment starts from the sequence's initial state, so it needs no segment state of
+its own: its output pass (LEAD, grid (NV, N, HV)) runs first, beside the segment-state pass of the
+segments after it (AFTER_LEAD with SEGMENT_STATE), which it lets start at once as its programmatic
+dependent; its end state goes where the combine pass starts from. The output pass of the other
+segments (AFTER_LEAD) then runs as before. The first segment takes no SMs in the second wave, so the
+same SMs hold one segment more per sequence, each shorter.
+
 Offsets: int64 up to each chunk's first element, int32 inside a chunk (as in kernels.py).
 """
 
@@ -61,7 +69,7 @@ from polykernels.gated_delta_rule.hopper_kernels import (
 
 # Scalar arithmetic only (no layouts), so the Triton helper serves Gluon kernels too.
 from polykernels.gated_delta_rule.kernels import _bad_rows, _segment
-from polykernels.gated_delta_rule.ready_flags import await_flag, finish_sequential, launch_dependents
+from polykernels.gated_delta_rule.ready_flags import await_flag, count_done, end_after_leader, launch_dependents
 
 # A quiet NaN's bits: a NaN constant would differ from itself in Triton's check of a kernel's globals.
 _NAN_BITS = gl.constexpr(0x7FC00000)
@@ -243,7 +251,8 @@ def gdn_recurrence_hopper_rs_kernel(
     H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
     BV: gl.constexpr, NV: gl.constexpr, VARLEN: gl.constexpr, LOG_N: gl.constexpr, HAS_INITIAL: gl.constexpr,
     SEGMENT_STATE: gl.constexpr, STORE_FINAL: gl.constexpr, DOT_PRECISION: gl.constexpr,
-    STAGES: gl.constexpr, AWAIT: gl.constexpr, FROM_V: gl.constexpr = False,
+    STAGES: gl.constexpr, AWAIT: gl.constexpr, FROM_V: gl.constexpr = False, LEAD: gl.constexpr = False,
+    AFTER_LEAD: gl.constexpr = False,
 ):
     gl.static_assert(K == BK, "the Hopper pass takes whole K rows (K a power of two)")
     WARPS: gl.constexpr = gl.num_warps()
@@ -252,6 +261,8 @@ def gdn_recurrence_hopper_rs_kernel(
     gl.static_assert(not (AWAIT and VARLEN), "ready flags are numbered by batch row and chunk")
     gl.static_assert(not (AWAIT and SEGMENT_STATE), "beside the prepare pass only as the output pass")
     gl.static_assert(not (FROM_V and (AWAIT or SEGMENT_STATE)), "FROM_V: uncut output passes only")
+    gl.static_assert(not (LEAD and (SEGMENT_STATE or AWAIT or FROM_V or AFTER_LEAD)), "LEAD: an output pass")
+    gl.static_assert(not ((LEAD or AFTER_LEAD) and VARLEN), "a lead segment is numbered by batch row")
     state_l: gl.constexpr = _mma_layout(BK, WARPS)  # h^T: BV x K
     chunk_l: gl.constexpr = _mma_layout(BT, WARPS)  # v_new^T, o^T: BV x BT
     # Left operands from registers: an accumulator's registers are already the operand's.
@@ -267,6 +278,10 @@ def gdn_recurrence_hopper_rs_kernel(
 
     i_col = gl.program_id(0)
     i_s = gl.program_id(1).to(gl.int64)
+    if AFTER_LEAD:  # each sequence's segments after its first (which the LEAD launch ran), here numbered apart
+        # (and, for segment states, before its last, which has none to form)
+        runs = SEGS_PER_SEQ - 2 if SEGMENT_STATE else SEGS_PER_SEQ - 1
+        i_s = (i_s // runs) * SEGS_PER_SEQ + 1 + i_s % runs
     i_hv = gl.program_id(2).to(gl.int64)
     i_h = i_hv // (HV // H)
     n, j, count, start, end, valid = _segment(i_s, CU, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN, LOG_N)
@@ -321,7 +336,7 @@ def gdn_recurrence_hopper_rs_kernel(
         # for its flag (ready_flags); a look-ahead past the last chunk copies nothing and waits for the last.
         flags = FLAGS + (n * ((T + BT - 1) // BT)) * HV + i_hv
         last = gl.maximum(chunks - 1, 0)
-        if AWAIT:  # the prepare pass, launched next as this one's programmatic dependent, may start
+        if AWAIT or LEAD:  # the launch after this one, its programmatic dependent, may start
             launch_dependents()
         for ahead in gl.static_range(STAGES - 1):
             if AWAIT:
@@ -374,5 +389,10 @@ def gdn_recurrence_hopper_rs_kernel(
                              is_transition, K, V)
     elif STORE_FINAL:
         gl.store(HT_ptr + (n * HV + i_hv) * K * V + tile, state, mask=tile_mask & (j == count - 1))
-    if AWAIT:  # counted done after the flags (ready_flags.finish_prepare waits for every program)
-        finish_sequential(FLAGS + N * ((T + BT - 1) // BT) * HV + 1)
+    if AWAIT:  # counted done after the flags (ready_flags.end_after_leader waits for every program)
+        count_done(FLAGS + N * ((T + BT - 1) // BT) * HV + 1)
+    if LEAD:  # the segment-state pass beside this one ends after this pass (FLAGS: its done count, then ours)
+        count_done(FLAGS + 1)
+    if AFTER_LEAD and SEGMENT_STATE:  # the combine pass after this one reads the LEAD programs' end states
+        end_after_leader(FLAGS, FLAGS + 1, gl.num_programs(0) * gl.num_programs(1) * gl.num_programs(2),
+                         NV * N * HV)

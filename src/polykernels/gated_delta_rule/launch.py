@@ -55,12 +55,14 @@ class SegmentPlan:
     reason: str
     warpgroups: int = 1  # 2: the register-state pass takes two neighbouring V tiles per program
     concurrent: bool = False  # the sequential pass runs beside the prepare pass, on SMs of its own
+    lead: bool = False  # each sequence's first segment runs its output pass beside the others' segment states
 
 
 def plan_segments(
     num_seqs: int, total_tokens: int, value_heads: int, sm_count: int, num_segments: int | None = None,
     *, key_dim: int = 128, value_dim: int = 128, register_tiles: Collection[int] = (),
     register_pairs: Collection[int] = (), concurrent_tiles: Mapping[int, int] | None = None,
+    lead_tiles: Mapping[int, int] | None = None,
 ) -> SegmentPlan:
     """The V tile and the segments per sequence, from (N, HV, T, K, V, SMs).
 
@@ -81,6 +83,12 @@ def plan_segments(
     tiles one program takes there: taken for uncut sequences of at least CONCURRENT_MIN_CHUNKS chunks
     whose wide-tile programs leave at least half the SMs to the prepare pass (B1 T32768 with 32 value
     heads: 64 programs where 32-column tiles made 128 that ran after the prepare pass).
+    ``lead_tiles``: the V tiles at which the device can run a cut sequence's first segment (whose
+    initial state is known) as an output pass beside the segment-state pass of its other segments
+    (``lead``; batch rows, not packed sequences), each with the least chunks per segment it is taken
+    for: the output pass after them then holds one segment fewer, so each sequence takes one segment
+    more in the same wave, each shorter. With K = V the segment-state pass holds as many SMs as
+    before (its two programs per SM, one value and one transition tile per output program).
     """
     chunks = max(1, -(-total_tokens // num_seqs // CHUNK))
     wide, narrow = RECURRENCE_BLOCK_V[_block(key_dim)]
@@ -100,6 +108,9 @@ def plan_segments(
     else:
         # At most one wave: 9 segments of 16 programs (144 for 132 SMs) ran 18% slower than 8.
         segments = max(1, min(sm_count // programs, chunks // MIN_SEGMENT_CHUNKS))
+        least = (lead_tiles or {}).get(block_v)
+        if least is not None and segments >= 2 and -(-chunks // (segments + 1)) >= max(least, MIN_SEGMENT_CHUNKS):
+            segments += 1  # the first segment's output pass leaves the second wave
         why = (f"{programs} sequential programs (N x HV x V/{block_v}) for {sm_count} SMs: {segments} segments "
                f"of >= {MIN_SEGMENT_CHUNKS} chunks per sequence")
     if fewer_waves and not wide_anyway:
@@ -121,8 +132,13 @@ def plan_segments(
         warpgroups = 2
         why += (f"; two {block_v}-column tiles per register-state program: {pairs} programs, each chunk's tiles "
                 "copied once for both")
-    return SegmentPlan(segments=segments, segment_chunks=-(-chunks // segments), block_v=block_v, reason=why,
-                       warpgroups=warpgroups)
+    segment_chunks = -(-chunks // segments)
+    least = (lead_tiles or {}).get(block_v)
+    lead = least is not None and segment_chunks >= least and -(-chunks // segment_chunks) >= 3
+    if lead:
+        why += "; the first segment's output pass beside the others' segment-state pass"
+    return SegmentPlan(segments=segments, segment_chunks=segment_chunks, block_v=block_v, reason=why,
+                       warpgroups=warpgroups, lead=lead)
 
 
 # Gluon is Triton's experimental layer: its API changes between releases. The Gluon kernels run
@@ -266,6 +282,12 @@ HOPPER_CONCURRENT: Mapping[int, tuple[int, int]] = types.MappingProxyType({128: 
 # us, sequential 366 -> 409); the one-warpgroup form lost (1x8192 16/64 +7%, 8x1024 +8%), BENCHMARKS.md
 # "twenty-sixth set".
 HOPPER_PAIRS_FROM_V = True
+# Cut sequences (batch rows, not packed sequences) on sm_90, per V tile of HOPPER_REGISTER_STAGES and
+# HOPPER_REGISTER_SEGMENT_STAGES, for segments of at least this many chunks: each sequence's first
+# segment runs its output pass (the register-state pass) beside the segment-state pass of its other
+# segments, as that launch's leader, and the sequence takes one segment more (plan_segments'
+# lead_tiles); all three sequential passes are then the register-state pass's. An empty table turns it off.
+HOPPER_LEAD_SEGMENT: Mapping[int, int] = types.MappingProxyType({64: 32})
 
 # The prepare pass on sm_90 (hopper_prepare_kernels; the inputs hopper_pass takes): per K, its register
 # cap (Triton's maxnreg; None: uncapped). At K = 128, 168 registers (24 bytes spilled) give three
@@ -357,13 +379,7 @@ def launch_chunk_gated_delta_rule(
     block_k = _block(key_dim)
     recipe = _recipe(q.shape, v.shape, q.dtype, None if cu_seqlens is None else cu_seqlens.dtype, num_seqs,
                      initial_state is not None, output_final_state, use_qk_l2norm_in_kernel, num_segments, device,
-                     platform.current(), RECURRENCE_BLOCK_V[block_k],
-                     RECURRENCE_LAUNCH[block_k], PREPARE_LAUNCH[max(block_k, PREPARE_MIN_BLOCK)],
-                     tuple(HOPPER_STAGES.items()), tuple(HOPPER_PREPARE.items()),
-                     tuple(HOPPER_REGISTER_STAGES.items()), tuple(HOPPER_REGISTER_PAIRS.items()),
-                     tuple(HOPPER_CONCURRENT.items()), tuple(COMBINE_LAUNCH.items()),
-                     tuple(HOPPER_REGISTER_CUT.items()), tuple(HOPPER_REGISTER_SEGMENT_STAGES.items()),
-                     HOPPER_PAIRS_FROM_V)
+                     platform.current(), *launch_tables(block_k))
     run = _launchers()
     cu = cu_seqlens if cu_seqlens is not None else _unused_offsets(device)
     initial = initial_state.float().contiguous() if initial_state is not None else final
@@ -394,10 +410,14 @@ def launch_chunk_gated_delta_rule(
         return _Arguments(
             prepare=(q, k, v, g, beta, *prepared, cu, tokens, num_seqs, recipe.chunks_per_seq, scale,
                      *((scratch.flags, recipe.sequential_programs) if recipe.hopper_prepare else ())),
+            # Each sequence's first segment alone (one segment per sequence, the segment's tokens): its end
+            # state, in final's place until the last segment's pass stores the final state, starts the combine.
+            lead=(q, k, *prepared, initial, final, o, final, final, cu, tokens, num_seqs, 1, recipe.segment_tokens,
+                  scratch.flags),
             segment_state=(q, k, *prepared, final, final, o, scratch.h_local, scratch.transitions, *segments,
                            *((scratch.flags,) if recipe.segment_registers else ())),
-            combine=(initial, scratch.h_local, scratch.transitions, scratch.h_init, cu, num_seqs,
-                     recipe.segments_per_seq, recipe.segment_tokens),
+            combine=(final if recipe.lead else initial, scratch.h_local, scratch.transitions, scratch.h_init, cu,
+                     num_seqs, recipe.segments_per_seq, recipe.segment_tokens),
             recurrence=(q, k, *read, h_init, final, o, factor, final, *segments,
                         *((scratch.flags,) if recipe.hopper_registers else ())),
         )
@@ -412,8 +432,9 @@ def launch_chunk_gated_delta_rule(
     launches = _launches(recipe, run, spec)
     flags = recipe.workspace.parts[_Scratch._fields.index("flags")]
     flag_bytes = math.prod(flags.shape) * flags.dtype.itemsize
-    if recipe.concurrent:  # the ready flags start at zero
+    if recipe.concurrent or recipe.lead:  # the ready flags and done counters start at zero
         workspace[flags.offset:flags.offset + flag_bytes].zero_()
+    if recipe.concurrent:
         # Both kernels compiled and loaded first: the sequential pass waits for the prepare pass, whose
         # compile or module load must not happen while it spins.
         for launcher, grid, name, meta, key in launches:
@@ -424,10 +445,20 @@ def launch_chunk_gated_delta_rule(
         marked = arguments(_Scratch(*(OutputPart(2, part.offset) for part in recipe.workspace.parts)), Scalar(0))
         steps: list[Step | Zero] = [Step(launcher, grid, getattr(marked, name), key)
                                     for launcher, grid, name, meta, key in launches]
-        if recipe.concurrent:
+        if recipe.concurrent or recipe.lead:
             steps.insert(0, Zero(2, flags.offset, flag_bytes))
         _programs.register(replay[0], replay[1], (o, final, workspace), 2, steps, constants=(_unused_offsets(device),))
     return o, final if output_final_state else None
+
+
+def launch_tables(block_k: int) -> tuple:
+    """The launch tables' entries ``_recipe`` reads, in its order after the platform (its cache key
+    holds them: a table replaced gets a recipe of its own)."""
+    return (RECURRENCE_BLOCK_V[block_k], RECURRENCE_LAUNCH[block_k], PREPARE_LAUNCH[max(block_k, PREPARE_MIN_BLOCK)],
+            tuple(HOPPER_STAGES.items()), tuple(HOPPER_PREPARE.items()), tuple(HOPPER_REGISTER_STAGES.items()),
+            tuple(HOPPER_REGISTER_PAIRS.items()), tuple(HOPPER_CONCURRENT.items()), tuple(COMBINE_LAUNCH.items()),
+            tuple(HOPPER_REGISTER_CUT.items()), tuple(HOPPER_REGISTER_SEGMENT_STAGES.items()), HOPPER_PAIRS_FROM_V,
+            tuple(HOPPER_LEAD_SEGMENT.items()))
 
 
 def _launches(recipe: _Recipe, run: SimpleNamespace,
@@ -446,6 +477,8 @@ def _launches(recipe: _Recipe, run: SimpleNamespace,
     if recipe.segment_chunks:
         segment_state = (_hopper_register_launcher() if recipe.segment_registers else
                          _hopper_launcher() if recipe.hopper_registers else sequential)
+        if recipe.lead:  # the segment-state pass is its programmatic dependent, beside it
+            launches.append((sequential, recipe.lead_grid, "lead", recipe.lead_meta, (spec, "lead")))
         launches += [(segment_state, recipe.segment_state_grid, "segment_state", recipe.segment_state_meta,
                       (spec, True)),
                      (run.combine, recipe.combine_grid, "combine", recipe.combine_meta, spec)]
@@ -477,7 +510,10 @@ class _Recipe:
     segment_registers: bool  # ... and for the segment-state pass
     hopper_prepare: bool  # the prepare pass runs hopper_prepare_kernels' Gluon kernel
     concurrent: bool  # the sequential pass runs beside the prepare pass, launched first (ready_flags)
-    sequential_programs: int  # concurrent: the sequential pass's grid size (ready_flags.finish_prepare)
+    lead: bool  # cut sequences: the first segments' output pass leads the other segments' segment-state pass
+    lead_grid: tuple[int, ...]
+    lead_meta: dict[str, object]
+    sequential_programs: int  # concurrent: the sequential pass's grid size (ready_flags.end_after_leader)
     workspace: Layout  # every intermediate (_Scratch)
     from_v: bool = False  # HOPPER_PAIRS_FROM_V: the prepare pass stores T, the sequential pass reads v
 
@@ -494,6 +530,7 @@ def _recipe(
     hopper_register_pairs: tuple[tuple[int, int], ...], hopper_concurrent: tuple[tuple[int, tuple[int, int]], ...],
     combine_launch: tuple[tuple[str, int], ...], hopper_register_cut: tuple[tuple[int, int], ...],
     hopper_register_segment_stages: tuple[tuple[int, int], ...], pairs_from_v: bool = False,
+    lead_segment: tuple[tuple[int, int], ...] = (),
 ) -> _Recipe:
     batch, tokens, heads, key_dim = q_shape
     value_heads, value_dim = v_shape[2], v_shape[3]
@@ -504,11 +541,14 @@ def _recipe(
     form = dict(hopper_concurrent).get(key_dim)  # (tiles per program, stages) beside the prepare pass
     beside = form if gluon_prepare and not varlen and concurrent_passes_allowed() else None
     sm_count = platform.sm_count(device)
+    lead_tiles = ({tile: least for tile, least in lead_segment
+                   if tile in dict(hopper_register_stages) and tile in dict(hopper_register_segment_stages)}
+                  if on_hopper and not varlen else None)
     plan = plan_segments(num_seqs, total, value_heads, sm_count, num_segments, key_dim=key_dim,
                          value_dim=value_dim, register_tiles=dict(hopper_register_stages) if on_hopper else (),
                          register_pairs=dict(hopper_register_pairs) if on_hopper else (),
                          concurrent_tiles={tile: beside[0] for tile in dict(hopper_register_stages)} if beside
-                         else None)
+                         else None, lead_tiles=lead_tiles)
     segment_chunks = plan.segment_chunks if plan.segments > 1 else 0
     block_k, block_v = _block(key_dim), plan.block_v * plan.warpgroups
     precision = guards.dot_precision(fp32_inputs=dtype == torch.float32)
@@ -522,6 +562,7 @@ def _recipe(
     else:
         segments_per_seq = -(-chunks_per_seq // segment_chunks)
         max_segments, segment_tokens = num_seqs * segments_per_seq, segment_chunks * CHUNK
+    lead = plan.lead and bool(segment_chunks) and not varlen and segments_per_seq >= 3
     combine = dict(combine_launch)
     combine_bv = min(combine["block_v"], _block(value_dim))
     prep_bv, prep_warps = prepare_launch
@@ -540,7 +581,7 @@ def _recipe(
         least = dict(hopper_register_cut).get(block_v)
         segment_pass = block_v in dict(hopper_register_segment_stages) or block_v in dict(hopper_stages)
         register_stages = (dict(hopper_register_stages).get(block_v)
-                           if least is not None and segment_chunks >= least and segment_pass else None)
+                           if lead or (least is not None and segment_chunks >= least and segment_pass) else None)
     elif plan.concurrent and beside:
         register_stages = beside[1]
     elif plan.warpgroups == 2:  # the plan pairs only tiles that table holds
@@ -557,9 +598,12 @@ def _recipe(
     from_v = (pairs_from_v and gluon_prepare and plan.warpgroups == 2 and not plan.concurrent and not segment_chunks
               and key_dim == 128 and value_dim % block_v == 0)
     if hopper_registers:
-        recurrence_tail = {**recurrence_tail, "AWAIT": plan.concurrent, "FROM_V": from_v}
+        recurrence_tail = {**recurrence_tail, "AWAIT": plan.concurrent, "FROM_V": from_v, "LEAD": False,
+                           "AFTER_LEAD": lead}
         if segment_chunks:  # the register-state segment-state pass, or hopper_kernels'
-            segment_tail = ({"STAGES": segment_stages, "num_warps": 4, "AWAIT": False, "FROM_V": False}
+            # lead: the first segments' output pass's programmatic dependent, beside it.
+            segment_tail = ({"STAGES": segment_stages, "num_warps": 4, "AWAIT": False, "FROM_V": False, "LEAD": False,
+                             "AFTER_LEAD": lead, **({"launch_pdl": True} if lead else {})}
                             if segment_stages
                             else {"STAGES": dict(hopper_stages)[block_v], "num_warps": 4})
     prepare_tail = {"num_warps": prep_warps, "num_stages": 1}
@@ -573,22 +617,28 @@ def _recipe(
         spec=(q_shape, v_shape, dtype, cu_dtype, num_seqs, has_initial, output_final_state, l2norm, num_segments,
               device, seen, block_vs, launch, prepare_launch, hopper_stages, hopper_prepare, hopper_register_stages,
               hopper_register_pairs, hopper_concurrent, combine_launch, hopper_register_cut,
-              hopper_register_segment_stages, pairs_from_v),
+              hopper_register_segment_stages, pairs_from_v, lead_segment),
         chunks_per_seq=chunks_per_seq, segment_chunks=segment_chunks,
         segments_per_seq=segments_per_seq, max_segments=max_segments, segment_tokens=segment_tokens,
         prepare_grid=(max_chunks, value_heads),
         prepare_meta={**shape, "BK": max(block_k, PREPARE_MIN_BLOCK), "BV": prep_bv, "NV": -(-value_dim // prep_bv),
                       "L2NORM": l2norm, **where, "DOT_PRECISION": prep_dot, "INVERSE_PRECISION": prep_inverse,
                       **prepare_tail},
-        segment_state_grid=(value_tiles + -(-key_dim // block_v), max_segments, value_heads),
+        # lead: each sequence's first segment (its output pass), the segment states of those between its
+        # first and last, the output pass of those after its first.
+        lead_grid=(value_tiles, num_seqs, value_heads),
+        lead_meta={**recurrence, "HAS_INITIAL": has_initial, "SEGMENT_STATE": False, "STORE_FINAL": True,
+                   **recurrence_tail, "LEAD": True, "AFTER_LEAD": False},
+        segment_state_grid=(value_tiles + -(-key_dim // block_v),
+                            num_seqs * (segments_per_seq - 2) if lead else max_segments, value_heads),
         segment_state_meta={**recurrence, "HAS_INITIAL": False, "SEGMENT_STATE": True, "STORE_FINAL": False,
                             **segment_tail},
         combine_grid=(-(-value_dim // combine_bv), num_seqs, value_heads),
         combine_meta={"HV": value_heads, "K": key_dim, "V": value_dim, "BK": block_k, "BV": combine_bv,
-                      "KB": combine_operator_block(block_k, combine["whole_k"]), "HAS_INITIAL": has_initial,
-                      "VARLEN": varlen, "DOT_PRECISION": precision, "num_warps": combine["num_warps"],
-                      "num_stages": combine["num_stages"]},
-        recurrence_grid=(value_tiles, max_segments, value_heads),
+                      "KB": combine_operator_block(block_k, combine["whole_k"]), "HAS_INITIAL": has_initial or lead,
+                      "VARLEN": varlen, "DOT_PRECISION": precision, "SKIP_FIRST": lead,
+                      "num_warps": combine["num_warps"], "num_stages": combine["num_stages"]},
+        recurrence_grid=(value_tiles, num_seqs * (segments_per_seq - 1) if lead else max_segments, value_heads),
         recurrence_meta={**recurrence, "HAS_INITIAL": has_initial or bool(segment_chunks), "SEGMENT_STATE": False,
                          "STORE_FINAL": output_final_state, **recurrence_tail},
         hopper=hopper,
@@ -596,10 +646,11 @@ def _recipe(
         segment_registers=segment_stages is not None,
         hopper_prepare=gluon_prepare,
         concurrent=plan.concurrent,
+        lead=lead,
         sequential_programs=value_tiles * max_segments * value_heads if plan.concurrent else 0,
         from_v=from_v,
         workspace=_workspace(total, value_heads, key_dim, value_dim, dtype, max_segments, bool(segment_chunks),
-                             max_chunks * value_heads + 2 if plan.concurrent else 0, from_v),
+                             max_chunks * value_heads + 2 if plan.concurrent else 2 if lead else 0, from_v),
     )
 
 
@@ -616,11 +667,12 @@ class _Scratch(NamedTuple):
     h_local: object  # cut sequences only: each segment's state from a zero start
     transitions: object  # cut sequences only: each segment's K x K state transition
     h_init: object  # cut sequences only: each segment's state at its start (the combine kernel's)
-    flags: object  # concurrent passes only: each (chunk, value head)'s ready flag, the two done counters
+    flags: object  # concurrent passes: each (chunk, value head)'s ready flag, then two done counters (lead: those)
 
 
 class _Arguments(NamedTuple):
     prepare: tuple
+    lead: tuple
     segment_state: tuple
     combine: tuple
     recurrence: tuple

@@ -8,7 +8,7 @@ flag per (chunk, value head) once that chunk's w, u, scores and scales are store
 sequential pass waits for a chunk's flag before it copies the chunk in. The flags are zeroed before
 both (a memset in the same launch sequence) and are 32-bit; two counters follow them (prepare
 programs done, sequential programs done): the prepare pass, the later launch, must also be the one
-that ends last (``finish_prepare``), or a kernel after the op that waits only for the launch before
+that ends last (``end_after_leader``), or a kernel after the op that waits only for the launch before
 it (a programmatic dependent) could read o before the sequential pass has written it.
 
 Release and acquire at GPU scope, as CUDA's grid-wide barriers do it: every thread of the producer
@@ -21,6 +21,13 @@ the other would wait for ever. The plan keeps the passes apart there (``launch.c
 CUDA_LAUNCH_BLOCKING=1, a tool injected into the CUDA runtime such as Nsight Compute or
 compute-sanitizer). Should a flag still not be raised after ``TIMEOUT_NS``, the waiting program traps
 (a launch failure the caller sees) rather than spin for ever.
+
+The two counters also serve cut sequences whose first segments run beside the other segments'
+segment-state pass (``launch.plan_segments``' ``lead``): the first segments' output pass is launched
+first and lets the segment-state pass start at once as its programmatic dependent. No flag is waited
+for there; only the dependent's last program waits for every leading program (``end_after_leader``),
+so that the combine pass after it reads the first segments' end states. Nothing waits for a later
+launch, so launches that run one after the other finish too.
 """
 
 from __future__ import annotations
@@ -67,7 +74,7 @@ def _by_thread_zero(body: str) -> str:
 # One thread releases the flag for the whole program, after the barrier that every thread's stores
 # precede (CUDA's grid barrier does the same).
 _RAISE_ASM = gl.constexpr(_by_thread_zero("@first fence.acq_rel.gpu;\n@first st.relaxed.gpu.global.b32 [$1], 1;\n"))
-# A sequential program's last stores are done: thread 0 counts it (release) after the barrier.
+# A leading program's last stores are done: thread 0 counts it (release) after the barrier.
 _DONE_ASM = gl.constexpr(_by_thread_zero("@first red.release.gpu.global.add.u32 [$1], 1;\n"))
 
 
@@ -105,10 +112,10 @@ def launch_dependents():
                               pack=1)
 
 
-# The prepare pass's last program (by the count of programs done) stays until every sequential
-# program has counted itself done: the prepare pass then ends after the sequential pass's stores,
-# so whatever follows the op (a kernel that waits only for the launch before it, as a programmatic
-# dependent does) sees them. Thread 0 only; the trap as in _AWAIT_ASM.
+# The last program of a programmatic dependent (by the count of its programs done) stays until every
+# program of the launch it depends on (its leader) has counted itself done: the dependent then ends after
+# the leader's stores, so whatever follows the op (a kernel that waits only for the launch before it, as
+# a programmatic dependent does) sees them. Thread 0 only; the trap as in _AWAIT_ASM.
 _LAST_ASM = gl.constexpr(f"""{{
 .reg .pred first, last, ready, late;
 .reg .b32 thread, old, done;
@@ -131,16 +138,16 @@ mov.b32 $0, 0;
 }}""")
 
 @gluon.jit
-def finish_prepare(prepare_done_ptr, sequential_done_ptr, prepare_programs, sequential_programs):
-    """Called by every thread of a prepare program after its last flag: the last program to get here
-    waits for every sequential program's ``finish_sequential``."""
+def end_after_leader(done_ptr, leader_done_ptr, programs, leader_programs):
+    """Called by every thread of a dependent launch's program after its last stores (the prepare pass
+    after its last flag): the last program to get here waits for every leader program's ``count_done``."""
     zeros = _per_thread_zeros()
-    gl.inline_asm_elementwise(_LAST_ASM, "=r,l,l,r,r", [prepare_done_ptr + zeros, sequential_done_ptr + zeros,
-                                                        prepare_programs - 1 + zeros, sequential_programs + zeros],
+    gl.inline_asm_elementwise(_LAST_ASM, "=r,l,l,r,r", [done_ptr + zeros, leader_done_ptr + zeros,
+                                                        programs - 1 + zeros, leader_programs + zeros],
                               dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
-def finish_sequential(sequential_done_ptr):
-    """Called by every thread of a sequential program after its last stores."""
-    _by_thread_zero_after_barrier(_DONE_ASM, sequential_done_ptr)
+def count_done(done_ptr):
+    """Called by every thread of a leading launch's program (the sequential pass) after its last stores."""
+    _by_thread_zero_after_barrier(_DONE_ASM, done_ptr)

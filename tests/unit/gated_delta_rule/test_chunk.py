@@ -220,12 +220,7 @@ def _sm90_recipe(monkeypatch: pytest.MonkeyPatch, batch: int, tokens: int, heads
     seen = Platform(backend="cuda", arch="sm_90", device_name=None, warp_size=32, runtime_version=None)
     return launch._recipe(
         torch.Size([batch, tokens, heads, 128]), torch.Size([batch, tokens, value_heads, 128]), torch.bfloat16, None,
-        batch, False, True, False, num_segments, torch.device("cpu"), seen, launch.RECURRENCE_BLOCK_V[128],
-        launch.RECURRENCE_LAUNCH[128], launch.PREPARE_LAUNCH[128], tuple(launch.HOPPER_STAGES.items()),
-        tuple(launch.HOPPER_PREPARE.items()), tuple(launch.HOPPER_REGISTER_STAGES.items()),
-        tuple(launch.HOPPER_REGISTER_PAIRS.items()), tuple(launch.HOPPER_CONCURRENT.items()),
-        tuple(launch.COMBINE_LAUNCH.items()), tuple(launch.HOPPER_REGISTER_CUT.items()),
-        tuple(launch.HOPPER_REGISTER_SEGMENT_STAGES.items()), launch.HOPPER_PAIRS_FROM_V)
+        batch, False, True, False, num_segments, torch.device("cpu"), seen, *launch.launch_tables(128))
 
 
 def test_segment_plan_runs_the_passes_side_by_side_where_wide_tiles_leave_half_the_sms() -> None:
@@ -328,6 +323,48 @@ def test_register_state_pass_runs_wide_tiles_of_long_segments_on_sm90(
         output_only = _sm90_recipe(monkeypatch, 1, 8192, value_heads // 4, value_heads, num_segments)
         assert (output_only.hopper_registers, output_only.segment_registers) == (registers, False)
         assert output_only.segment_state_meta["STAGES"] == launch.HOPPER_STAGES[64]
+
+
+def test_segment_plan_takes_one_segment_more_where_the_first_runs_beside_the_segment_states() -> None:
+    # A cut sequence's first segment needs no segment state: its output pass runs beside the others'
+    # segment-state pass, and the output pass after them holds one segment fewer per wave.
+    from polykernels.gated_delta_rule.launch import plan_segments
+
+    lead = {"register_tiles": (64,), "lead_tiles": {64: 32}}
+    thin = plan_segments(1, 32768, 8, 132, **lead)  # 16 programs: 8 segments + 1 of 57 chunks, not 8 of 64
+    assert (thin.segments, thin.segment_chunks, thin.block_v, thin.lead) == (9, 57, 64, True)
+    assert "9 segments" in thin.reason and "the first segment's output pass beside" in thin.reason
+    assert (plan_segments(1, 32768, 16, 132, **lead).segments, plan_segments(1, 32768, 16, 132).segments) == (5, 4)
+    # Segments shorter than the table's least chunks keep the plan without the lead form.
+    short = plan_segments(1, 4096, 8, 132, **lead)
+    assert (short.segments, short.lead) == (plan_segments(1, 4096, 8, 132).segments, False)
+    # A forced plan keeps its count, with the lead form from three segments on; uncut sequences never.
+    assert [plan_segments(1, 32768, 8, 132, num_segments=n, **lead).lead for n in (2, 3)] == [False, True]
+    assert not plan_segments(1, 8192, 64, 132, **lead).lead
+    assert not plan_segments(1, 32768, 8, 132, register_tiles=(64,), lead_tiles={32: 1}).lead  # not at this tile
+
+
+def test_lead_recipe_launches_the_segment_states_as_the_first_segments_dependent(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from polykernels.gated_delta_rule import launch
+
+    recipe = _sm90_recipe(monkeypatch, 1, 32768, 2, 8, None)  # 9 segments of 57 chunks
+    assert recipe.lead and recipe.segments_per_seq == 9 and recipe.hopper_registers and recipe.segment_registers
+    order = [name for _, _, name, _, _ in launch._launches(recipe, launch._launchers(), ())]
+    assert order == ["prepare", "lead", "segment_state", "combine", "recurrence"]
+    assert recipe.lead_grid == (2, 1, 8) and recipe.lead_meta["LEAD"] and recipe.lead_meta["STORE_FINAL"]
+    assert recipe.segment_state_grid == (4, 7, 8)  # value and transition tiles of segments 2 to 8
+    assert recipe.segment_state_meta["AFTER_LEAD"] and recipe.segment_state_meta["launch_pdl"]
+    assert recipe.recurrence_grid == (2, 8, 8) and recipe.recurrence_meta["AFTER_LEAD"]
+    assert recipe.combine_meta["SKIP_FIRST"] and recipe.combine_meta["HAS_INITIAL"]
+    flags = recipe.workspace.parts[launch._Scratch._fields.index("flags")]
+    assert flags.shape == (2,)  # the two done counters
+    # Below HOPPER_REGISTER_CUT's 64 chunks: all three sequential passes are the register-state pass's.
+    assert recipe.segment_chunks < launch.HOPPER_REGISTER_CUT[64]
+    monkeypatch.setattr(launch, "HOPPER_LEAD_SEGMENT", {})  # an empty table turns it off
+    off = _sm90_recipe(monkeypatch, 1, 32768, 2, 8, None)
+    assert not off.lead and off.segments_per_seq == 8 and off.recurrence_grid == (2, 8, 8)
+    assert not off.combine_meta["SKIP_FIRST"] and not off.recurrence_meta["AFTER_LEAD"]
 
 
 def test_register_state_pass_pairs_tiles_where_the_pairs_fill_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -755,6 +792,56 @@ def test_gpu_passes_side_by_side_match_them_one_after_the_other(gpu_device: str,
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(("batch", "tokens", "segments", "initial"), [
+    (1, 3000, 3, True), (2, 2000 + 37, 4, False), (1, 1100, 9, True)],
+    ids=["B1-3seg-initial", "B2-tail-chunk-4seg", "B1-9seg-initial"])
+def test_gpu_lead_segment_beside_the_segment_states(gpu_device: str, monkeypatch: pytest.MonkeyPatch, batch: int,
+                                                    tokens: int, segments: int, initial: bool) -> None:
+    # Each sequence's first segment through its output pass, with the other segments' segment-state
+    # pass beside it as its programmatic dependent, and the scan from the second segment on
+    # (launch.HOPPER_LEAD_SEGMENT): against the fp64 recurrence, no further from it than the segment
+    # passes without that form (which start the second segment from M h0 + h_local where the first
+    # segment's own chain carries the state on); the Python path, the replayed launch program and a
+    # CUDA graph give the same bits.
+    if torch.cuda.get_device_capability(gpu_device) != (9, 0):
+        pytest.skip("the register-state passes run on sm_90 only")
+    from polykernels import _programs
+    from polykernels._programs import Zero
+    from polykernels.gated_delta_rule import launch
+
+    monkeypatch.setattr(launch, "HOPPER_LEAD_SEGMENT", {64: 1})  # segments of any length
+    inputs = make_inputs(batch, tokens, 2, 8, 128, 128, torch.bfloat16, device=gpu_device)
+    h0 = torch.randn(batch, 8, 128, 128, device=gpu_device) if initial else None
+    registered = _registered_programs(monkeypatch)
+
+    def public():
+        return chunk_gated_delta_rule(*inputs, initial_state=h0, output_final_state=True, num_segments=segments)
+
+    first, replayed = public(), public()
+    if _programs.enabled():  # the counters zeroed, prepare, lead, segment states (dependent), combine, outputs
+        (steps,) = registered
+        assert isinstance(steps[0], Zero) and len(steps) == 6
+        assert [steps[i].launcher.described(steps[i].spec_key).dependent for i in range(1, 6)] == [
+            False, False, True, False, False]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        captured = public()
+    graph.replay()
+    torch.cuda.synchronize()
+    for got in (replayed, captured):
+        assert torch.equal(got[0], first[0]) and torch.equal(got[1], first[1])
+    exact = naive_recurrent_gated_delta_rule(*(t.double() for t in inputs), 128**-0.5,
+                                             None if h0 is None else h0.double(), True, None, False)
+    monkeypatch.setattr(launch, "HOPPER_LEAD_SEGMENT", {})
+    without = launch_chunk_gated_delta_rule(*inputs, 128**-0.5, h0, True, None, False, segments)
+    for got, want, oracle in zip(first, without, exact, strict=True):
+        assert relative_rms_error(got, oracle) < BOUND[torch.bfloat16]
+        assert relative_rms_error(got, oracle) <= 1.5 * relative_rms_error(want, oracle)
+
+
+@pytest.mark.gpu
 def test_gpu_passes_run_one_after_the_other_when_the_device_serializes_launches(gpu_device: str) -> None:
     # CUDA_LAUNCH_BLOCKING=1 runs every launch to its end before the next: the sequential pass, which
     # waits for the flags of the prepare pass launched after it, would wait for ever. The plan keeps
@@ -904,9 +991,11 @@ def test_kernels_compile_for_amd(target: str) -> None:
                                         "gdn_recurrence_hopper_rs", "gdn_recurrence_hopper_rs_pair",
                                         "gdn_prepare_hopper_concurrent", "gdn_recurrence_hopper_rs_concurrent",
                                         "gdn_segment_state_hopper_rs", "gdn_prepare_hopper_t",
-                                        "gdn_recurrence_hopper_rs_pair_from_v"}
+                                        "gdn_recurrence_hopper_rs_pair_from_v", "gdn_recurrence_hopper_rs_lead",
+                                        "gdn_segment_state_hopper_rs_after_lead",
+                                        "gdn_recurrence_hopper_rs_after_lead"}
     assert set(names) == {"gdn_prepare", "gdn_recurrence", "gdn_segment_state", "gdn_combine",
-                          "gdn_recurrence_fp32", "gdn_prepare_fp32"}
+                          "gdn_combine_after_lead", "gdn_recurrence_fp32", "gdn_prepare_fp32"}
     for kernel in names:
         result = probe(kernel, target)
         assert result.compiled and result.consistent, result.detail
