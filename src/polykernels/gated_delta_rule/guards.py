@@ -28,7 +28,9 @@ def choose(device_type: str) -> Choice:
                             "prepare pass's (I + A)^-1 diag(beta): launch.HOPPER_PAIRS_FROM_V; beside the "
                             "prepare pass, waiting for each "
                             "chunk's ready flag, where its N x HV x V/64 programs leave half the SMs to it: "
-                            "ready_flags)")
+                            "ready_flags; for cut batch rows, each sequence's first segment through the output "
+                            "pass beside the other segments' segment-state pass, one segment more per sequence: "
+                            "launch.HOPPER_LEAD_SEGMENT)")
 
 
 def dot_precision(fp32_inputs: bool) -> str:
