@@ -792,11 +792,13 @@ def test_gpu_passes_side_by_side_match_them_one_after_the_other(gpu_device: str,
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("batch", "tokens", "segments", "initial"), [
-    (1, 3000, 3, True), (2, 2000 + 37, 4, False), (1, 1100, 9, True)],
-    ids=["B1-3seg-initial", "B2-tail-chunk-4seg", "B1-9seg-initial"])
+@pytest.mark.parametrize(("batch", "tokens", "segments", "initial", "key_dim", "value_dim"), [
+    (1, 3000, 3, True, 128, 128), (2, 2000 + 37, 4, False, 128, 128), (1, 1100, 9, True, 128, 128),
+    (1, 2000, 4, True, 64, 100)],
+    ids=["B1-3seg-initial", "B2-tail-chunk-4seg", "B1-9seg-initial", "K64-V100-4seg"])
 def test_gpu_lead_segment_beside_the_segment_states(gpu_device: str, monkeypatch: pytest.MonkeyPatch, batch: int,
-                                                    tokens: int, segments: int, initial: bool) -> None:
+                                                    tokens: int, segments: int, initial: bool, key_dim: int,
+                                                    value_dim: int) -> None:
     # Each sequence's first segment through its output pass, with the other segments' segment-state
     # pass beside it as its programmatic dependent, and the scan from the second segment on
     # (launch.HOPPER_LEAD_SEGMENT): against the fp64 recurrence, no further from it than the segment
@@ -810,8 +812,8 @@ def test_gpu_lead_segment_beside_the_segment_states(gpu_device: str, monkeypatch
     from polykernels.gated_delta_rule import launch
 
     monkeypatch.setattr(launch, "HOPPER_LEAD_SEGMENT", {64: 1})  # segments of any length
-    inputs = make_inputs(batch, tokens, 2, 8, 128, 128, torch.bfloat16, device=gpu_device)
-    h0 = torch.randn(batch, 8, 128, 128, device=gpu_device) if initial else None
+    inputs = make_inputs(batch, tokens, 2, 8, key_dim, value_dim, torch.bfloat16, device=gpu_device)
+    h0 = torch.randn(batch, 8, key_dim, value_dim, device=gpu_device) if initial else None
     registered = _registered_programs(monkeypatch)
 
     def public():
@@ -832,10 +834,10 @@ def test_gpu_lead_segment_beside_the_segment_states(gpu_device: str, monkeypatch
     torch.cuda.synchronize()
     for got in (replayed, captured):
         assert torch.equal(got[0], first[0]) and torch.equal(got[1], first[1])
-    exact = naive_recurrent_gated_delta_rule(*(t.double() for t in inputs), 128**-0.5,
+    exact = naive_recurrent_gated_delta_rule(*(t.double() for t in inputs), key_dim**-0.5,
                                              None if h0 is None else h0.double(), True, None, False)
     monkeypatch.setattr(launch, "HOPPER_LEAD_SEGMENT", {})
-    without = launch_chunk_gated_delta_rule(*inputs, 128**-0.5, h0, True, None, False, segments)
+    without = launch_chunk_gated_delta_rule(*inputs, key_dim**-0.5, h0, True, None, False, segments)
     for got, want, oracle in zip(first, without, exact, strict=True):
         assert relative_rms_error(got, oracle) < BOUND[torch.bfloat16]
         assert relative_rms_error(got, oracle) <= 1.5 * relative_rms_error(want, oracle)
