@@ -138,13 +138,14 @@ def test_triton_many_packed_sequences_int32_boundaries(segments: int | None) -> 
     check_against_naive(run, inputs, dtype, initial=True, cu_seqlens=cu, num_seqs=len(lengths))
 
 
-def _nan_causality(run, device: str, positions, dtype: torch.dtype = torch.float32, dim: int = 32) -> None:
+def _nan_causality(run, device: str, positions, dtype: torch.dtype = torch.float32, dim: int = 32,
+                   tokens: int = 130) -> None:
     """A non-finite input at token t: outputs before t stay finite, and t (k/v/g/beta: onwards) is NaN.
     16-bit inputs are checked after the bf16/fp16 loads, before the products round anything."""
     for name in ("q", "k", "v", "g", "beta"):
         for t in positions:
-            inputs = dict(zip(["q", "k", "v", "g", "beta"], make_inputs(1, 130, 1, 1, dim, dim, dtype, device=device),
-                              strict=True))
+            inputs = dict(zip(["q", "k", "v", "g", "beta"],
+                              make_inputs(1, tokens, 1, 1, dim, dim, dtype, device=device), strict=True))
             inputs[name][0, t, 0] = float("inf") if name == "v" else float("nan")
             o, state = run(*inputs.values())
             finite = torch.isfinite(o[0, :, 0]).all(-1).cpu()
@@ -727,6 +728,18 @@ def ran_side_by_side(launch) -> bool:
     return any(getattr(kernel.metadata, "launch_pdl", False) for kernel in kernels)
 
 
+def _replayed_from_a_graph(call):
+    """What ``call()`` returns captured in a CUDA graph (on a side stream) and replayed once."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        captured = call()
+    graph.replay()
+    torch.cuda.synchronize()
+    return captured
+
+
 def _registered_programs(monkeypatch: pytest.MonkeyPatch) -> list:
     """The steps of every launch program registered from now on."""
     from polykernels import _programs
@@ -773,12 +786,7 @@ def test_gpu_passes_side_by_side_match_them_one_after_the_other(gpu_device: str,
         (steps,) = registered
         assert isinstance(steps[0], Zero) and len(steps) == 3
         assert steps[2].launcher.described(steps[2].spec_key).dependent
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        captured = public()
-    graph.replay()
+    captured = _replayed_from_a_graph(public)
     with monkeypatch.context() as tables:
         for name in ("RECURRENCE_BLOCK_V", "HOPPER_CONCURRENT"):
             tables.setattr(launch, name, getattr(launch, name))  # restored after serial_at_64 replaces them
@@ -825,13 +833,7 @@ def test_gpu_lead_segment_beside_the_segment_states(gpu_device: str, monkeypatch
         assert isinstance(steps[0], Zero) and len(steps) == 6
         assert [steps[i].launcher.described(steps[i].spec_key).dependent for i in range(1, 6)] == [
             False, False, True, False, False]
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        captured = public()
-    graph.replay()
-    torch.cuda.synchronize()
+    captured = _replayed_from_a_graph(public)
     for got in (replayed, captured):
         assert torch.equal(got[0], first[0]) and torch.equal(got[1], first[1])
     exact = naive_recurrent_gated_delta_rule(*(t.double() for t in inputs), key_dim**-0.5,
@@ -916,6 +918,27 @@ def test_gpu_hopper_prepare_matches_the_triton_prepare(gpu_device: str, monkeypa
 def test_gpu_nan_never_reaches_earlier_tokens(gpu_device: str, segments, dtype: torch.dtype) -> None:
     _nan_causality(lambda *a: launch_chunk_gated_delta_rule(*a, 0.2, None, True, None, False, segments), gpu_device,
                    range(130), dtype)
+
+
+@pytest.mark.gpu
+def test_gpu_nan_never_reaches_earlier_tokens_across_a_lead_segment(gpu_device: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # Three segments of six chunks (64-column tiles: a sequence of 18 chunks is cut anyway), the first
+    # through the lead (launch.HOPPER_LEAD_SEGMENT, sm_90): a non-finite input in the first reaches the
+    # later ones through the lead's end state, one in the second through the combine.
+    if torch.cuda.get_device_capability(gpu_device) != (9, 0):
+        pytest.skip("the register-state passes run on sm_90 only")
+    from polykernels import _programs
+    from polykernels.gated_delta_rule import launch
+
+    monkeypatch.setattr(launch, "HOPPER_LEAD_SEGMENT", {64: 1})
+    registered = _registered_programs(monkeypatch)
+    inputs = make_inputs(1, 1100, 1, 1, 64, 64, torch.bfloat16, device=gpu_device)
+    chunk_gated_delta_rule(*inputs, output_final_state=True, num_segments=3)
+    if _programs.enabled():  # the two counters zeroed and five launches: the lead form
+        assert len(registered[0]) == 6
+    _nan_causality(lambda *a: launch_chunk_gated_delta_rule(*a, 0.2, None, True, None, False, 3), gpu_device,
+                   [0, 100, 383, 384, 700, 768, 1099], torch.bfloat16, dim=64, tokens=1100)
 
 
 @pytest.mark.gpu
