@@ -464,9 +464,10 @@ def launch_tables(block_k: int) -> tuple:
 def _launches(recipe: _Recipe, run: SimpleNamespace,
               spec: tuple) -> list[tuple[object, tuple[int, ...], str, dict[str, object], object]]:
     """(launcher, grid, name of its arguments in _Arguments, constexprs and options, spec_key) of each
-    launch, in order: the prepare pass, the segment passes (cut sequences), the sequential pass. Where
-    the two passes run side by side the sequential pass comes first and the prepare pass is its
-    programmatic dependent (ready_flags)."""
+    launch, in order: the prepare pass, the segment passes (cut sequences; in the lead form the first
+    segments' output pass before them, the segment-state pass its programmatic dependent), the
+    sequential pass. Where the two passes run side by side the sequential pass comes first and the
+    prepare pass is its programmatic dependent (ready_flags)."""
     prepare = _hopper_prepare_launcher() if recipe.hopper_prepare else run.prepare
     sequential = (_hopper_register_launcher() if recipe.hopper_registers else _hopper_launcher() if recipe.hopper
                   else run.recurrence)
