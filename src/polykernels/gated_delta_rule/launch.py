@@ -286,8 +286,10 @@ HOPPER_PAIRS_FROM_V = True
 # HOPPER_REGISTER_SEGMENT_STAGES, for segments of at least this many chunks: each sequence's first
 # segment runs its output pass (the register-state pass) beside the segment-state pass of its other
 # segments, as that launch's leader, and the sequence takes one segment more (plan_segments'
-# lead_tiles); all three sequential passes are then the register-state pass's. An empty table turns it off.
-HOPPER_LEAD_SEGMENT: Mapping[int, int] = types.MappingProxyType({64: 32})
+# lead_tiles); all three sequential passes are then the register-state pass's. On the H200 (2/8 heads)
+# against the form without it: 1x32768 -3.8% (9 segments of 57 chunks), 1x16384 -7.0% (9 of 29), 1x8192
+# -1.0% (9 of 15), 1x4096 +3% (9 of 8), BENCHMARKS.md "twenty-eighth set". An empty table turns it off.
+HOPPER_LEAD_SEGMENT: Mapping[int, int] = types.MappingProxyType({64: 15})
 
 # The prepare pass on sm_90 (hopper_prepare_kernels; the inputs hopper_pass takes): per K, its register
 # cap (Triton's maxnreg; None: uncapped). At K = 128, 168 registers (24 bytes spilled) give three

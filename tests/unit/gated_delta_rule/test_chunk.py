@@ -301,6 +301,7 @@ def test_register_state_pass_runs_wide_tiles_of_long_segments_on_sm90(
 
     assert launch.HOPPER_REGISTER_CUT[64] == 64
     monkeypatch.setattr(launch, "HOPPER_CONCURRENT", {})  # 1 x 8192 x 32 heads would run side by side
+    monkeypatch.setattr(launch, "HOPPER_LEAD_SEGMENT", {})  # the lead form runs the register-state pass throughout
     recipe = _sm90_recipe(monkeypatch, 1, 8192, value_heads // 4, value_heads, num_segments)
     assert recipe.hopper and recipe.hopper_registers is registers
     assert recipe.recurrence_meta["BV"] == (64 if registers or num_segments else 32)
