@@ -101,6 +101,7 @@ def plan_segments(
     fewer_waves = wide in register_tiles and wide_waves < narrow_waves
     block_v = wide if wide_anyway or fewer_waves else narrow
     programs = num_seqs * value_heads * -(-value_dim // block_v)
+    least = (lead_tiles or {}).get(block_v)  # the lead form's least chunks per segment at this tile
     if num_segments is not None:
         segments, why = num_segments, f"{num_segments} segments per sequence requested"
     elif 2 * programs > sm_count:
@@ -108,7 +109,6 @@ def plan_segments(
     else:
         # At most one wave: 9 segments of 16 programs (144 for 132 SMs) ran 18% slower than 8.
         segments = max(1, min(sm_count // programs, chunks // MIN_SEGMENT_CHUNKS))
-        least = (lead_tiles or {}).get(block_v)
         if least is not None and segments >= 2 and -(-chunks // (segments + 1)) >= max(least, MIN_SEGMENT_CHUNKS):
             segments += 1  # the first segment's output pass leaves the second wave
         why = (f"{programs} sequential programs (N x HV x V/{block_v}) for {sm_count} SMs: {segments} segments "
@@ -133,7 +133,6 @@ def plan_segments(
         why += (f"; two {block_v}-column tiles per register-state program: {pairs} programs, each chunk's tiles "
                 "copied once for both")
     segment_chunks = -(-chunks // segments)
-    least = (lead_tiles or {}).get(block_v)
     lead = least is not None and segment_chunks >= least and -(-chunks // segment_chunks) >= 3
     if lead:
         why += "; the first segment's output pass beside the others' segment-state pass"
@@ -565,7 +564,7 @@ def _recipe(
     else:
         segments_per_seq = -(-chunks_per_seq // segment_chunks)
         max_segments, segment_tokens = num_seqs * segments_per_seq, segment_chunks * CHUNK
-    lead = plan.lead and bool(segment_chunks) and not varlen and segments_per_seq >= 3
+    lead = plan.lead  # batch rows only (no lead_tiles for packed ones), cut into three segments or more
     combine = dict(combine_launch)
     combine_bv = min(combine["block_v"], _block(value_dim))
     prep_bv, prep_warps = prepare_launch
