@@ -93,7 +93,7 @@ def test_gpu_a_launcher_describes_its_kernel_after_the_first_launch_only(gpu_dev
     cu = torch.tensor([0, 64], dtype=torch.int64, device="cuda")
     args = (h0, h_local, transition, h_init, cu, 1, 1, 2**40)
     meta = {"HV": 1, "K": 16, "V": 16, "BK": 16, "BV": 16, "KB": 16, "HAS_INITIAL": True, "VARLEN": False,
-            "DOT_PRECISION": "ieee", "SKIP_FIRST": False, "num_warps": 4, "num_stages": 1}
+            "DOT_PRECISION": "ieee", "num_warps": 4, "num_stages": 1}
     assert launcher.described("combine") is None
     launcher((1, 1, 1), args, meta, spec_key="combine")
     described = launcher.described("combine")

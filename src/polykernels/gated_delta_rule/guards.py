@@ -29,7 +29,8 @@ def choose(device_type: str) -> Choice:
                             "prepare pass, waiting for each "
                             "chunk's ready flag, where its N x HV x V/64 programs leave half the SMs to it: "
                             "ready_flags; for cut batch rows, each sequence's first segment through the output "
-                            "pass beside the other segments' segment-state pass, one segment more per sequence: "
+                            "pass beside the other segments' segment-state pass, one segment more per sequence, "
+                            "each output program scanning the segment states up to its own: "
                             "launch.HOPPER_LEAD_SEGMENT)")
 
 

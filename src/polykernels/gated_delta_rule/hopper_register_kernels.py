@@ -38,9 +38,11 @@ With LEAD and AFTER_LEAD the cut sequences' passes run launch.plan_segments' ``l
 sequence's first segment starts from the sequence's initial state, so it needs no segment state of
 its own: its output pass (LEAD, grid (NV, N, HV)) runs first, beside the segment-state pass of the
 segments after it (AFTER_LEAD with SEGMENT_STATE), which it lets start at once as its programmatic
-dependent; its end state goes where the combine pass starts from. The output pass of the other
-segments (AFTER_LEAD) then runs as before. The first segment takes no SMs in the second wave, so the
-same SMs hold one segment more per sequence, each shorter.
+dependent; its end state goes to h_local's slot of that segment, which the segment-state pass leaves
+unused. The output pass of the other segments (AFTER_LEAD) then runs, each program first scanning the
+segment states from that end state up to its own segment (``_scan_from_lead``: the combine pass's
+scan, without a launch of its own between the passes). The first segment takes no SMs in the second
+wave, so the same SMs hold one segment more per sequence, each shorter.
 
 Offsets: int64 up to each chunk's first element, int32 inside a chunk (as in kernels.py).
 """
@@ -86,6 +88,96 @@ def _transposed_store_layout(block_v, warps):
 @gluon.constexpr_function
 def _vector_layout(warps):
     return gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[warps], order=[0])
+
+
+@gluon.constexpr_function
+def _fp32_copy_layout(cols, warps):
+    # 16-byte cp.async per thread (4 fp32), a warp spanning whole rows.
+    per_row = min(cols // 4, 32)
+    return gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[32 // per_row, per_row],
+                            warps_per_cta=[warps, 1], order=[1, 0])
+
+
+@gluon.jit
+def _copy_segment_state(local_s, HLOC_ptr, slot, i_hv, col0, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+                        BV: gl.constexpr):
+    """cp.async of segment ``slot``'s K x V fp32 state (this program's BV columns; those past V read 0)."""
+    layout: gl.constexpr = _fp32_copy_layout(BV, gl.num_warps())
+    rows = gl.arange(0, K, layout=gl.SliceLayout(1, layout))
+    cols = col0 + gl.arange(0, BV, layout=gl.SliceLayout(0, layout))
+    base = HLOC_ptr + (slot * HV + i_hv) * K * V
+    async_copy.async_copy_global_to_shared(local_s, base + (rows[:, None] * V + cols[None, :]),
+                                           (cols < V)[None, :] & (rows >= 0)[:, None])
+
+
+@gluon.jit
+def _copy_step(m_s, local_s, M_ptr, HLOC_ptr, slot, i_hv, col0, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+               BV: gl.constexpr):
+    """One step of ``_scan_from_lead``, one cp.async group: segment ``slot``'s K x K fp32 transition into
+    m_s, and its state from zero into local_s."""
+    layout: gl.constexpr = _fp32_copy_layout(K, gl.num_warps())
+    rows = gl.arange(0, K, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, K, layout=gl.SliceLayout(0, layout))
+    base = M_ptr + (slot * HV + i_hv) * K * K
+    async_copy.async_copy_global_to_shared(m_s, base + (rows[:, None] * K + cols[None, :]))
+    _copy_segment_state(local_s, HLOC_ptr, slot, i_hv, col0, HV, K, V, BV)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _scan_from_lead(HLOC_ptr, M_ptr, first, j, i_hv, col0, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+                    BV: gl.constexpr, DOT_PRECISION: gl.constexpr, state_l: gl.constexpr):
+    """Segment j's initial h^T, from its sequence's first segment's end state (which the LEAD launch left
+    in h_local's slot of that segment, ``first``): h_(s+1)^T = h_s^T M_s^T + h_local_s^T for s = 1 .. j - 1.
+    The scan the combine pass ran as a launch of its own, here each output program's up to its own
+    segment: each step's transition and state copied two steps ahead (two buffers, in the stages' shared
+    memory before the chunk loop uses it), each step one tf32 product (the combine's precision) with the
+    state's left operand in registers. Everything goes through cp.async: tile offsets held in registers
+    across the chunk loop made it spill there."""
+    gl.static_assert(DOT_PRECISION == "tf32", "the transitions' products are tf32 (16-bit inputs)")
+    # tf32 products take 8 of K per instruction: the state's accumulator layout, another instruction shape.
+    tf32_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                     instr_shape=[16, K, 8])
+    state_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=tf32_l, k_width=1)
+    m_s = gl.allocate_shared_memory(gl.float32, [2, K, K], gl.NVMMASharedLayout.get_default_for([K, K], gl.float32))
+    local_s = gl.allocate_shared_memory(gl.float32, [2, K, BV],
+                                        gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0]))
+    steps = (j - 1).to(gl.int32)
+    # Step 1's copies into the first buffers, the first segment's end state into the second state buffer.
+    if steps > 0:
+        _copy_step(m_s.index(0), local_s.index(0), M_ptr, HLOC_ptr, first + 1, i_hv, col0, HV, K, V, BV)
+    else:
+        async_copy.commit_group()  # an empty group: one per step either way
+    _copy_segment_state(local_s.index(1), HLOC_ptr, first, i_hv, col0, HV, K, V, BV)
+    async_copy.commit_group()
+    async_copy.wait_group(0)
+    fence_async_shared()
+    gl.thread_barrier()
+    state = local_s.index(1).permute((1, 0)).load(tf32_l)
+    gl.thread_barrier()  # every thread's read of the buffer step 2's copies go to
+    if steps > 1:
+        _copy_step(m_s.index(1), local_s.index(1), M_ptr, HLOC_ptr, first + 2, i_hv, col0, HV, K, V, BV)
+    else:
+        async_copy.commit_group()
+    for s in range(0, steps):
+        buffer = s % 2
+        async_copy.wait_group(1)  # this step's copies are in (the next step's may be on their way)
+        fence_async_shared()
+        gl.thread_barrier()  # every thread's part of them
+        local = local_s.index(buffer).permute((1, 0)).load(tf32_l)
+        # fp32 operands: tf32 (Triton's default input precision, which a precision argument cannot name in
+        # Gluon 3.6: it reaches the builder as a constexpr).
+        product = warpgroup_mma(gl.convert_layout(state, state_a), m_s.index(buffer).permute((1, 0)), local,
+                                is_async=True)
+        state = warpgroup_mma_wait(0, deps=(product,))
+        gl.thread_barrier()  # every warp's product and loads are done with the buffers refilled below
+        if s + 2 < steps:
+            _copy_step(m_s.index(buffer), local_s.index(buffer), M_ptr, HLOC_ptr, first + 3 + s, i_hv, col0, HV, K,
+                       V, BV)
+        else:
+            async_copy.commit_group()
+    async_copy.wait_group(0)
+    return gl.convert_layout(state, state_l)
 
 
 @gluon.jit
@@ -278,6 +370,8 @@ def gdn_recurrence_hopper_rs_kernel(
 
     i_col = gl.program_id(0)
     i_s = gl.program_id(1).to(gl.int64)
+    if LEAD:  # each sequence's first segment
+        i_s = i_s * SEGS_PER_SEQ
     if AFTER_LEAD:  # each sequence's segments after its first (which the LEAD launch ran), here numbered apart
         # (and, for segment states, before its last, which has none to form)
         runs = SEGS_PER_SEQ - 2 if SEGMENT_STATE else SEGS_PER_SEQ - 1
@@ -294,13 +388,17 @@ def gdn_recurrence_hopper_rs_kernel(
         col0 = i_col * BV
         cols = col0 + gl.arange(0, BV, layout=v_rows)
         u_limit = V
+        if AFTER_LEAD:  # the scan over the segments before this one (no combine pass in the lead form)
+            state = _scan_from_lead(HLOC_ptr, M_ptr, n * SEGS_PER_SEQ, j, i_hv, col0, HV, K, V, BV, DOT_PRECISION,
+                                    state_l)
         # The state is stored K x V: h^T's element (v, k) sits at k * V + v.
         tile = k_idx[None, :] * V + cols[:, None]
         tile_mask = (k_idx[None, :] < K) & (cols[:, None] < V) & valid
-        if HAS_INITIAL:
-            state = gl.load(HINIT_ptr + (i_s * HV + i_hv) * K * V + tile, mask=tile_mask, other=0.0)
-        else:
-            state = gl.zeros([BV, BK], gl.float32, layout=state_l)
+        if not AFTER_LEAD:
+            if HAS_INITIAL:
+                state = gl.load(HINIT_ptr + (i_s * HV + i_hv) * K * V + tile, mask=tile_mask, other=0.0)
+            else:
+                state = gl.zeros([BV, BK], gl.float32, layout=state_l)
 
     if FROM_V:  # T (in W_ptr's place), v (in U_ptr's), w's factor of k (in HLOC_ptr's)
         t_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BT], _smem_layout(BT, BT))
@@ -387,12 +485,14 @@ def gdn_recurrence_hopper_rs_kernel(
     if SEGMENT_STATE:  # h^T and M^T: the tile's K index runs along its columns
         _store_segment_state(HLOC_ptr, M_ptr, state, k_idx[None, :], cols[:, None], (i_s * HV + i_hv) * K, valid,
                              is_transition, K, V)
+    elif LEAD:  # its end state, where the output programs of the sequence's other segments start their scan
+        gl.store(HLOC_ptr + (i_s * HV + i_hv) * K * V + tile, state, mask=tile_mask)
     elif STORE_FINAL:
         gl.store(HT_ptr + (n * HV + i_hv) * K * V + tile, state, mask=tile_mask & (j == count - 1))
     if AWAIT:  # counted done after the flags (ready_flags.end_after_leader waits for every program)
         count_done(FLAGS + N * ((T + BT - 1) // BT) * HV + 1)
     if LEAD:  # the segment-state pass beside this one ends after this pass (FLAGS: its done count, then ours)
         count_done(FLAGS + 1)
-    if AFTER_LEAD and SEGMENT_STATE:  # the combine pass after this one reads the LEAD programs' end states
+    if AFTER_LEAD and SEGMENT_STATE:  # the output pass after this one reads the LEAD programs' end states
         end_after_leader(FLAGS, FLAGS + 1, gl.num_programs(0) * gl.num_programs(1) * gl.num_programs(2),
                          NV * N * HV)

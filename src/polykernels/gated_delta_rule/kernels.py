@@ -204,12 +204,9 @@ def _chunk_inverse(k, b, gc, BT: tl.constexpr, DOT_PRECISION: tl.constexpr, INVE
 def gdn_combine_kernel(
     H0_ptr, HLOC_ptr, M_ptr, HINIT_ptr, CU, N, SEGS_PER_SEQ, SEG_TOKENS,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, KB: tl.constexpr,
-    HAS_INITIAL: tl.constexpr, VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, SKIP_FIRST: tl.constexpr = False,
+    HAS_INITIAL: tl.constexpr, VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Each segment's true initial state: h_{s+1} = M_s h_s + h_local_s along the sequence.
-
-    SKIP_FIRST: each sequence's first segment has run its output pass already (launch.plan_segments'
-    lead form); H0 holds its end state, the second segment's initial state, and the scan starts there.
 
     K <= KB: one product per segment with the whole K x K operator, whose loads (and h_local's) do
     not depend on the state, so the pipeliner issues them a segment ahead and only the product is on
@@ -224,10 +221,6 @@ def gdn_combine_kernel(
     else:
         first = i_n * SEGS_PER_SEQ
         count = i_n * 0 + SEGS_PER_SEQ
-        if SKIP_FIRST:
-            first += 1
-            count -= 1
-    tl.static_assert(not (SKIP_FIRST and VARLEN), "a lead segment is numbered by batch row")
     k_rows = tl.arange(0, BK)
     cols = i_v * BV + tl.arange(0, BV)
     tile_mask = (k_rows[:, None] < K) & (cols[None, :] < V)

@@ -287,7 +287,9 @@ HOPPER_PAIRS_FROM_V = True
 # segments, as that launch's leader, and the sequence takes one segment more (plan_segments'
 # lead_tiles); all three sequential passes are then the register-state pass's. On the H200 (2/8 heads)
 # against the form without it: 1x32768 -3.8% (9 segments of 57 chunks), 1x16384 -7.0% (9 of 29), 1x8192
-# -1.0% (9 of 15), 1x4096 +3% (9 of 8), BENCHMARKS.md "twenty-eighth set". An empty table turns it off.
+# -1.0% (9 of 15), 1x4096 +3% (9 of 8), BENCHMARKS.md "twenty-eighth set". Since the twenty-ninth set the
+# output programs run the scan over segments themselves (no combine pass): 1x32768 2/8 -3.1% more,
+# 1x65536 2/8 -2.5%, 1x32768 4/16 -2.0% (the threshold was measured before). An empty table turns it off.
 HOPPER_LEAD_SEGMENT: Mapping[int, int] = types.MappingProxyType({64: 15})
 
 # The prepare pass on sm_90 (hopper_prepare_kernels; the inputs hopper_pass takes): per K, its register
@@ -408,18 +410,20 @@ def launch_chunk_gated_delta_rule(
         # from_v: T (in w's part) and v where w and u go, and k's factor (in u's part) in the slot of the
         # segment states, which an uncut pass leaves unused.
         read, factor = ((scratch.w, v, *prepared[2:]), scratch.u) if recipe.from_v else (prepared, final)
+        # lead: the output pass scans the segment states itself (no combine pass), from the first segments'
+        # end states, which the lead pass leaves in h_local's slots of those segments.
+        read_segments = (scratch.h_local, scratch.transitions) if recipe.lead else (factor, final)
         return _Arguments(
             prepare=(q, k, v, g, beta, *prepared, cu, tokens, num_seqs, recipe.chunks_per_seq, scale,
                      *((scratch.flags, recipe.sequential_programs) if recipe.hopper_prepare else ())),
-            # Each sequence's first segment alone (one segment per sequence, the segment's tokens): its end
-            # state, in final's place until the last segment's pass stores the final state, starts the combine.
-            lead=(q, k, *prepared, initial, final, o, final, final, cu, tokens, num_seqs, 1, recipe.segment_tokens,
-                  scratch.flags),
+            # Each sequence's first segment (grid (NV, N, HV)): its end state goes to h_local's slot of that
+            # segment, which the segment-state pass leaves unused.
+            lead=(q, k, *prepared, initial, final, o, scratch.h_local, final, *segments, scratch.flags),
             segment_state=(q, k, *prepared, final, final, o, scratch.h_local, scratch.transitions, *segments,
                            *((scratch.flags,) if recipe.segment_registers else ())),
-            combine=(final if recipe.lead else initial, scratch.h_local, scratch.transitions, scratch.h_init, cu,
-                     num_seqs, recipe.segments_per_seq, recipe.segment_tokens),
-            recurrence=(q, k, *read, h_init, final, o, factor, final, *segments,
+            combine=(initial, scratch.h_local, scratch.transitions, scratch.h_init, cu, num_seqs,
+                     recipe.segments_per_seq, recipe.segment_tokens),
+            recurrence=(q, k, *read, h_init, final, o, *read_segments, *segments,
                         *((scratch.flags,) if recipe.hopper_registers else ())),
         )
 
@@ -466,9 +470,10 @@ def _launches(recipe: _Recipe, run: SimpleNamespace,
               spec: tuple) -> list[tuple[object, tuple[int, ...], str, dict[str, object], object]]:
     """(launcher, grid, name of its arguments in _Arguments, constexprs and options, spec_key) of each
     launch, in order: the prepare pass, the segment passes (cut sequences; in the lead form the first
-    segments' output pass before them, the segment-state pass its programmatic dependent), the
-    sequential pass. Where the two passes run side by side the sequential pass comes first and the
-    prepare pass is its programmatic dependent (ready_flags)."""
+    segments' output pass before them, the segment-state pass its programmatic dependent, and no
+    combine pass: the output programs scan the segment states themselves), the sequential pass. Where
+    the two passes run side by side the sequential pass comes first and the prepare pass is its
+    programmatic dependent (ready_flags)."""
     prepare = _hopper_prepare_launcher() if recipe.hopper_prepare else run.prepare
     sequential = (_hopper_register_launcher() if recipe.hopper_registers else _hopper_launcher() if recipe.hopper
                   else run.recurrence)
@@ -481,9 +486,10 @@ def _launches(recipe: _Recipe, run: SimpleNamespace,
                          _hopper_launcher() if recipe.hopper_registers else sequential)
         if recipe.lead:  # the segment-state pass is its programmatic dependent, beside it
             launches.append((sequential, recipe.lead_grid, "lead", recipe.lead_meta, (spec, "lead")))
-        launches += [(segment_state, recipe.segment_state_grid, "segment_state", recipe.segment_state_meta,
-                      (spec, True)),
-                     (run.combine, recipe.combine_grid, "combine", recipe.combine_meta, spec)]
+        launches.append((segment_state, recipe.segment_state_grid, "segment_state", recipe.segment_state_meta,
+                         (spec, True)))
+        if not recipe.lead:  # the lead form's output pass scans the segment states itself
+            launches.append((run.combine, recipe.combine_grid, "combine", recipe.combine_meta, spec))
     launches.append((sequential, recipe.recurrence_grid, "recurrence", recipe.recurrence_meta, (spec, False)))
     return launches
 
@@ -629,7 +635,7 @@ def _recipe(
         # lead: each sequence's first segment (its output pass), the segment states of those between its
         # first and last, the output pass of those after its first.
         lead_grid=(value_tiles, num_seqs, value_heads),
-        lead_meta={**recurrence, "HAS_INITIAL": has_initial, "SEGMENT_STATE": False, "STORE_FINAL": True,
+        lead_meta={**recurrence, "HAS_INITIAL": has_initial, "SEGMENT_STATE": False, "STORE_FINAL": False,
                    **recurrence_tail, "LEAD": True, "AFTER_LEAD": False},
         segment_state_grid=(value_tiles + -(-key_dim // block_v),
                             num_seqs * (segments_per_seq - 2) if lead else max_segments, value_heads),
@@ -637,8 +643,8 @@ def _recipe(
                             **segment_tail},
         combine_grid=(-(-value_dim // combine_bv), num_seqs, value_heads),
         combine_meta={"HV": value_heads, "K": key_dim, "V": value_dim, "BK": block_k, "BV": combine_bv,
-                      "KB": combine_operator_block(block_k, combine["whole_k"]), "HAS_INITIAL": has_initial or lead,
-                      "VARLEN": varlen, "DOT_PRECISION": precision, "SKIP_FIRST": lead,
+                      "KB": combine_operator_block(block_k, combine["whole_k"]), "HAS_INITIAL": has_initial,
+                      "VARLEN": varlen, "DOT_PRECISION": precision,
                       "num_warps": combine["num_warps"], "num_stages": combine["num_stages"]},
         recurrence_grid=(value_tiles, num_seqs * (segments_per_seq - 1) if lead else max_segments, value_heads),
         recurrence_meta={**recurrence, "HAS_INITIAL": has_initial or bool(segment_chunks), "SEGMENT_STATE": False,
@@ -652,7 +658,8 @@ def _recipe(
         sequential_programs=value_tiles * max_segments * value_heads if plan.concurrent else 0,
         from_v=from_v,
         workspace=_workspace(total, value_heads, key_dim, value_dim, dtype, max_segments, bool(segment_chunks),
-                             max_chunks * value_heads + 2 if plan.concurrent else 2 if lead else 0, from_v),
+                             max_chunks * value_heads + 2 if plan.concurrent else 2 if lead else 0, from_v,
+                             combined=not lead),
     )
 
 
@@ -681,8 +688,9 @@ class _Arguments(NamedTuple):
 
 
 def _workspace(total: int, value_heads: int, key_dim: int, value_dim: int, dtype: torch.dtype, max_segments: int,
-               segmented: bool, flags: int, from_v: bool = False) -> Layout:
-    """The parts of ``_Scratch``; those a class of call does not use are empty."""
+               segmented: bool, flags: int, from_v: bool = False, combined: bool = True) -> Layout:
+    """The parts of ``_Scratch``; those a class of call does not use are empty (``combined``: a combine
+    pass writes each segment's initial state; the lead form's output pass scans the segment states itself)."""
     segments = max_segments if segmented else 0
     return Layout.of([
         ((total, value_heads, key_dim), dtype),
@@ -692,6 +700,6 @@ def _workspace(total: int, value_heads: int, key_dim: int, value_dim: int, dtype
         *[((total, value_heads), torch.float32)] * 3,  # the q, k and decay scales
         ((segments, value_heads, key_dim, value_dim), torch.float32),
         ((segments, value_heads, key_dim, key_dim), torch.float32),
-        ((segments, value_heads, key_dim, value_dim), torch.float32),
+        ((segments if combined else 0, value_heads, key_dim, value_dim), torch.float32),
         ((flags,), torch.int32),
     ])

@@ -26,7 +26,7 @@ The two counters also serve cut sequences whose first segments run beside the ot
 segment-state pass (``launch.plan_segments``' ``lead``): the first segments' output pass is launched
 first and lets the segment-state pass start at once as its programmatic dependent. No flag is waited
 for there; only the dependent's last program waits for every leading program (``end_after_leader``),
-so that the combine pass after it reads the first segments' end states. Nothing waits for a later
+so that the output pass after it reads the first segments' end states. Nothing waits for a later
 launch, so launches that run one after the other finish too.
 """
 

@@ -97,20 +97,16 @@ for _name, _segment_state, _signature, _precise in (
         platform_constexprs=_precise,
         options={"num_warps": _RECURRENCE_WARPS, "num_stages": _RECURRENCE_STAGES},
     ))
-# Also its form after a lead segment (launch.plan_segments' lead: batch rows, the scan from the second segment).
-for _name, _skip_first in (("gdn_combine", False), ("gdn_combine_after_lead", True)):
-    register(KernelSpec(
-        name=_name, module=_MODULE, function="gdn_combine_kernel",
-        signature={"H0_ptr": "*fp32", "HLOC_ptr": "*fp32", "M_ptr": "*fp32", "HINIT_ptr": "*fp32", "CU": "*i32",
-                   "N": "i32", "SEGS_PER_SEQ": "i32", "SEG_TOKENS": "i64",
-                   **_constexpr("HV", "K", "V", "BK", "BV", "KB", "HAS_INITIAL", "VARLEN", "DOT_PRECISION",
-                                "SKIP_FIRST")},
-        constexprs={"HV": 32, "K": 128, "V": 128, "BK": 128, "BV": COMBINE_LAUNCH["block_v"],
-                    "KB": combine_operator_block(128, COMBINE_LAUNCH["whole_k"]), "HAS_INITIAL": True,
-                    "VARLEN": not _skip_first, "SKIP_FIRST": _skip_first},
-        platform_constexprs=_precision,
-        options={"num_warps": COMBINE_LAUNCH["num_warps"], "num_stages": COMBINE_LAUNCH["num_stages"]},
-    ))
+register(KernelSpec(
+    name="gdn_combine", module=_MODULE, function="gdn_combine_kernel",
+    signature={"H0_ptr": "*fp32", "HLOC_ptr": "*fp32", "M_ptr": "*fp32", "HINIT_ptr": "*fp32", "CU": "*i32",
+               "N": "i32", "SEGS_PER_SEQ": "i32", "SEG_TOKENS": "i64",
+               **_constexpr("HV", "K", "V", "BK", "BV", "KB", "HAS_INITIAL", "VARLEN", "DOT_PRECISION")},
+    constexprs={"HV": 32, "K": 128, "V": 128, "BK": 128, "BV": COMBINE_LAUNCH["block_v"],
+                "KB": combine_operator_block(128, COMBINE_LAUNCH["whole_k"]), "HAS_INITIAL": True, "VARLEN": True},
+    platform_constexprs=_precision,
+    options={"num_warps": COMBINE_LAUNCH["num_warps"], "num_stages": COMBINE_LAUNCH["num_stages"]},
+))
 
 
 def _on_hopper() -> bool:
@@ -200,7 +196,7 @@ register(KernelSpec(
 ))
 # launch.HOPPER_LEAD_SEGMENT (sm_90, cut batch rows): each sequence's first segment's output pass (LEAD), the
 # segment-state pass of the segments after it as that launch's programmatic dependent, and the output
-# pass of the segments after the first (AFTER_LEAD).
+# pass of the segments after the first (AFTER_LEAD), each program scanning the segment states up to its own.
 for _name, _lead, _segment_state in (
     ("gdn_recurrence_hopper_rs_lead", True, False),
     ("gdn_segment_state_hopper_rs_after_lead", False, True),
@@ -212,7 +208,7 @@ for _name, _lead, _segment_state in (
         signature={**_RS_SIGNATURE, **_constexpr("FROM_V", "LEAD", "AFTER_LEAD")},
         constexprs={**_SHAPE, "V": 128, "BV": _WIDE_BV, "NV": 128 // _WIDE_BV, "VARLEN": False, "LOG_N": 1,
                     "HAS_INITIAL": not _segment_state, "SEGMENT_STATE": _segment_state,
-                    "STORE_FINAL": not _segment_state,
+                    "STORE_FINAL": not (_segment_state or _lead),
                     "STAGES": (HOPPER_REGISTER_SEGMENT_STAGES if _segment_state else HOPPER_REGISTER_STAGES)[_WIDE_BV],
                     "AWAIT": False, "FROM_V": False, "LEAD": _lead, "AFTER_LEAD": not _lead},
         allowed=_on_hopper, platform_constexprs=_precision,

@@ -353,20 +353,25 @@ def test_lead_recipe_launches_the_segment_states_as_the_first_segments_dependent
     recipe = _sm90_recipe(monkeypatch, 1, 32768, 2, 8, None)  # 9 segments of 57 chunks
     assert recipe.lead and recipe.segments_per_seq == 9 and recipe.hopper_registers and recipe.segment_registers
     order = [name for _, _, name, _, _ in launch._launches(recipe, launch._launchers(), ())]
-    assert order == ["prepare", "lead", "segment_state", "combine", "recurrence"]
-    assert recipe.lead_grid == (2, 1, 8) and recipe.lead_meta["LEAD"] and recipe.lead_meta["STORE_FINAL"]
+    # No combine pass: each output program scans the segment states up to its own segment.
+    assert order == ["prepare", "lead", "segment_state", "recurrence"]
+    assert recipe.lead_grid == (2, 1, 8) and recipe.lead_meta["LEAD"] and not recipe.lead_meta["STORE_FINAL"]
     assert recipe.segment_state_grid == (4, 7, 8)  # value and transition tiles of segments 2 to 8
     assert recipe.segment_state_meta["AFTER_LEAD"] and recipe.segment_state_meta["launch_pdl"]
     assert recipe.recurrence_grid == (2, 8, 8) and recipe.recurrence_meta["AFTER_LEAD"]
-    assert recipe.combine_meta["SKIP_FIRST"] and recipe.combine_meta["HAS_INITIAL"]
-    flags = recipe.workspace.parts[launch._Scratch._fields.index("flags")]
-    assert flags.shape == (2,)  # the two done counters
+    parts = recipe.workspace.parts
+    assert parts[launch._Scratch._fields.index("flags")].shape == (2,)  # the two done counters
+    # The segment states (the lead's end state in the first segment's slot) and transitions; no initial states.
+    assert parts[launch._Scratch._fields.index("h_local")].shape == (9, 8, 128, 128)
+    assert parts[launch._Scratch._fields.index("h_init")].shape == (0, 8, 128, 128)
     # Below HOPPER_REGISTER_CUT's 64 chunks: all three sequential passes are the register-state pass's.
     assert recipe.segment_chunks < launch.HOPPER_REGISTER_CUT[64]
     monkeypatch.setattr(launch, "HOPPER_LEAD_SEGMENT", {})  # an empty table turns it off
     off = _sm90_recipe(monkeypatch, 1, 32768, 2, 8, None)
     assert not off.lead and off.segments_per_seq == 8 and off.recurrence_grid == (2, 8, 8)
-    assert not off.combine_meta["SKIP_FIRST"] and not off.recurrence_meta["AFTER_LEAD"]
+    assert not off.recurrence_meta["AFTER_LEAD"]
+    assert [name for _, _, name, _, _ in launch._launches(off, launch._launchers(), ())] == [
+        "prepare", "segment_state", "combine", "recurrence"]
 
 
 def test_register_state_pass_pairs_tiles_where_the_pairs_fill_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -809,11 +814,11 @@ def test_gpu_lead_segment_beside_the_segment_states(gpu_device: str, monkeypatch
                                                     tokens: int, segments: int, initial: bool, key_dim: int,
                                                     value_dim: int) -> None:
     # Each sequence's first segment through its output pass, with the other segments' segment-state
-    # pass beside it as its programmatic dependent, and the scan from the second segment on
-    # (launch.HOPPER_LEAD_SEGMENT): against the fp64 recurrence, no further from it than the segment
-    # passes without that form (which start the second segment from M h0 + h_local where the first
-    # segment's own chain carries the state on); the Python path, the replayed launch program and a
-    # CUDA graph give the same bits.
+    # pass beside it as its programmatic dependent, and each output program's scan from the second
+    # segment up to its own (launch.HOPPER_LEAD_SEGMENT): against the fp64 recurrence, no further from
+    # it than the segment passes without that form (which start the second segment from M h0 + h_local
+    # where the first segment's own chain carries the state on); the Python path, the replayed launch
+    # program and a CUDA graph give the same bits.
     if torch.cuda.get_device_capability(gpu_device) != (9, 0):
         pytest.skip("the register-state passes run on sm_90 only")
     from polykernels import _programs
@@ -829,11 +834,11 @@ def test_gpu_lead_segment_beside_the_segment_states(gpu_device: str, monkeypatch
         return chunk_gated_delta_rule(*inputs, initial_state=h0, output_final_state=True, num_segments=segments)
 
     first, replayed = public(), public()
-    if _programs.enabled():  # the counters zeroed, prepare, lead, segment states (dependent), combine, outputs
+    if _programs.enabled():  # the counters zeroed, prepare, lead, segment states (dependent), outputs
         (steps,) = registered
-        assert isinstance(steps[0], Zero) and len(steps) == 6
-        assert [steps[i].launcher.described(steps[i].spec_key).dependent for i in range(1, 6)] == [
-            False, False, True, False, False]
+        assert isinstance(steps[0], Zero) and len(steps) == 5
+        assert [steps[i].launcher.described(steps[i].spec_key).dependent for i in range(1, 5)] == [
+            False, False, True, False]
     captured = _replayed_from_a_graph(public)
     for got in (replayed, captured):
         assert torch.equal(got[0], first[0]) and torch.equal(got[1], first[1])
@@ -926,7 +931,7 @@ def test_gpu_nan_never_reaches_earlier_tokens_across_a_lead_segment(gpu_device: 
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     # Three segments of six chunks (64-column tiles: a sequence of 18 chunks is cut anyway), the first
     # through the lead (launch.HOPPER_LEAD_SEGMENT, sm_90): a non-finite input in the first reaches the
-    # later ones through the lead's end state, one in the second through the combine.
+    # later ones through the lead's end state, one in the second through the output programs' scan.
     if torch.cuda.get_device_capability(gpu_device) != (9, 0):
         pytest.skip("the register-state passes run on sm_90 only")
     from polykernels import _programs
@@ -936,8 +941,8 @@ def test_gpu_nan_never_reaches_earlier_tokens_across_a_lead_segment(gpu_device: 
     registered = _registered_programs(monkeypatch)
     inputs = make_inputs(1, 1100, 1, 1, 64, 64, torch.bfloat16, device=gpu_device)
     chunk_gated_delta_rule(*inputs, output_final_state=True, num_segments=3)
-    if _programs.enabled():  # the two counters zeroed and five launches: the lead form
-        assert len(registered[0]) == 6
+    if _programs.enabled():  # the two counters zeroed and four launches: the lead form
+        assert len(registered[0]) == 5
     _nan_causality(lambda *a: launch_chunk_gated_delta_rule(*a, 0.2, None, True, None, False, 3), gpu_device,
                    [0, 100, 383, 384, 700, 768, 1099], torch.bfloat16, dim=64, tokens=1100)
 
@@ -1021,7 +1026,7 @@ def test_kernels_compile_for_amd(target: str) -> None:
                                         "gdn_segment_state_hopper_rs_after_lead",
                                         "gdn_recurrence_hopper_rs_after_lead"}
     assert set(names) == {"gdn_prepare", "gdn_recurrence", "gdn_segment_state", "gdn_combine",
-                          "gdn_combine_after_lead", "gdn_recurrence_fp32", "gdn_prepare_fp32"}
+                          "gdn_recurrence_fp32", "gdn_prepare_fp32"}
     for kernel in names:
         result = probe(kernel, target)
         assert result.compiled and result.consistent, result.detail
