@@ -132,8 +132,11 @@ def _scan_from_lead(HLOC_ptr, M_ptr, first, j, i_hv, col0, HV: gl.constexpr, K: 
     The scan the combine pass ran as a launch of its own, here each output program's up to its own
     segment: each step's transition and state copied two steps ahead (two buffers, in the stages' shared
     memory before the chunk loop uses it), each step one tf32 product (the combine's precision) with the
-    state's left operand in registers. Everything goes through cp.async: tile offsets held in registers
-    across the chunk loop made it spill there."""
+    state's left operand in registers. Every operand comes in through cp.async, its addresses one base
+    pointer per step plus 32-bit tile offsets: a first form that loaded the end state over the state
+    tile's offsets and formed 64-bit row offsets put 9 spill instructions into the chunk loop, which
+    sits at 255 registers, and made the op 12.5-14.9% slower on the H200 (BENCHMARKS.md, "twenty-ninth
+    set")."""
     gl.static_assert(DOT_PRECISION == "tf32", "the transitions' products are tf32 (16-bit inputs)")
     # tf32 products take 8 of K per instruction: the state's accumulator layout, another instruction shape.
     tf32_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
