@@ -102,6 +102,7 @@ def plan_segments(
     block_v = wide if wide_anyway or fewer_waves else narrow
     programs = num_seqs * value_heads * -(-value_dim // block_v)
     least = (lead_tiles or {}).get(block_v)  # the lead form's least chunks per segment at this tile
+    one_more = False  # the lead form takes the first segment out of the second wave: one segment more
     if num_segments is not None:
         segments, why = num_segments, f"{num_segments} segments per sequence requested"
     elif 2 * programs > sm_count:
@@ -109,8 +110,9 @@ def plan_segments(
     else:
         # At most one wave: 9 segments of 16 programs (144 for 132 SMs) ran 18% slower than 8.
         segments = max(1, min(sm_count // programs, chunks // MIN_SEGMENT_CHUNKS))
-        if least is not None and segments >= 2 and -(-chunks // (segments + 1)) >= max(least, MIN_SEGMENT_CHUNKS):
-            segments += 1  # the first segment's output pass leaves the second wave
+        one_more = (least is not None and segments >= 2
+                    and -(-chunks // (segments + 1)) >= max(least, MIN_SEGMENT_CHUNKS))
+        segments += one_more
         why = (f"{programs} sequential programs (N x HV x V/{block_v}) for {sm_count} SMs: {segments} segments "
                f"of >= {MIN_SEGMENT_CHUNKS} chunks per sequence")
     if fewer_waves and not wide_anyway:
@@ -133,7 +135,10 @@ def plan_segments(
         why += (f"; two {block_v}-column tiles per register-state program: {pairs} programs, each chunk's tiles "
                 "copied once for both")
     segment_chunks = -(-chunks // segments)
-    lead = least is not None and segment_chunks >= least and -(-chunks // segment_chunks) >= 3
+    # Only where it buys that segment (or a count is forced): with the count unchanged it was slower on the
+    # H200 (1x2048 2/8, four segments of 8 chunks: +3%, BENCHMARKS.md "twenty-ninth set").
+    lead = (least is not None and segment_chunks >= least and -(-chunks // segment_chunks) >= 3
+            and (one_more or num_segments is not None))
     if lead:
         why += "; the first segment's output pass beside the others' segment-state pass"
     return SegmentPlan(segments=segments, segment_chunks=segment_chunks, block_v=block_v, reason=why,
@@ -289,8 +294,10 @@ HOPPER_PAIRS_FROM_V = True
 # against the form without it: 1x32768 -3.8% (9 segments of 57 chunks), 1x16384 -7.0% (9 of 29), 1x8192
 # -1.0% (9 of 15), 1x4096 +3% (9 of 8), BENCHMARKS.md "twenty-eighth set". Since the twenty-ninth set the
 # output programs run the scan over segments themselves (no combine pass): 1x32768 2/8 -3.1% more,
-# 1x65536 2/8 -2.5%, 1x32768 4/16 -2.0% (the threshold was measured before). An empty table turns it off.
-HOPPER_LEAD_SEGMENT: Mapping[int, int] = types.MappingProxyType({64: 15})
+# 1x65536 2/8 -2.5%, 1x32768 4/16 -2.0%; against the form without the lead, 1x8192 -9.8% (segments of
+# 15 chunks), 1x6144 -11.6% (11), 1x4096 -7.0% (8), so from 8 chunks, MIN_SEGMENT_CHUNKS, where the form
+# buys a segment. An empty table turns it off.
+HOPPER_LEAD_SEGMENT: Mapping[int, int] = types.MappingProxyType({64: 8})
 
 # The prepare pass on sm_90 (hopper_prepare_kernels; the inputs hopper_pass takes): per K, its register
 # cap (Triton's maxnreg; None: uncapped). At K = 128, 168 registers (24 bytes spilled) give three
