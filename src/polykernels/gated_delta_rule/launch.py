@@ -87,7 +87,8 @@ def plan_segments(
     initial state is known) as an output pass beside the segment-state pass of its other segments
     (``lead``; batch rows, not packed sequences), each with the least chunks per segment it is taken
     for: the output pass after them then holds one segment fewer, so each sequence takes one segment
-    more in the same wave, each shorter. With K = V the segment-state pass holds as many SMs as
+    more in the same wave, each shorter (the form is taken only where it buys that segment, or where
+    ``num_segments`` forces the count). With K = V the segment-state pass holds as many SMs as
     before (its two programs per SM, one value and one transition tile per output program).
     """
     chunks = max(1, -(-total_tokens // num_seqs // CHUNK))
@@ -112,7 +113,7 @@ def plan_segments(
         segments = max(1, min(sm_count // programs, chunks // MIN_SEGMENT_CHUNKS))
         one_more = (least is not None and segments >= 2
                     and -(-chunks // (segments + 1)) >= max(least, MIN_SEGMENT_CHUNKS))
-        segments += one_more
+        segments += int(one_more)
         why = (f"{programs} sequential programs (N x HV x V/{block_v}) for {sm_count} SMs: {segments} segments "
                f"of >= {MIN_SEGMENT_CHUNKS} chunks per sequence")
     if fewer_waves and not wide_anyway:
