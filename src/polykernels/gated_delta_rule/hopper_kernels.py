@@ -34,10 +34,10 @@ def _mma_layout(block_v, warps=4):
 
 
 @gluon.constexpr_function
-def _copy_layout(cols, warps=4):
-    # 16-byte cp.async per thread (8 16-bit elements), a warp spanning whole rows.
-    per_row = cols // 8
-    return gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[32 // per_row, per_row],
+def _copy_layout(cols, warps=4, per_thread=8):
+    # 16-byte cp.async per thread (8 16-bit elements, or 4 fp32 ones), a warp spanning whole rows.
+    per_row = cols // per_thread
+    return gl.BlockedLayout(size_per_thread=[1, per_thread], threads_per_warp=[32 // per_row, per_row],
                             warps_per_cta=[warps, 1], order=[1, 0])
 
 

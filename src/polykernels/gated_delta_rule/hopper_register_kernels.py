@@ -90,19 +90,11 @@ def _vector_layout(warps):
     return gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[warps], order=[0])
 
 
-@gluon.constexpr_function
-def _fp32_copy_layout(cols, warps):
-    # 16-byte cp.async per thread (4 fp32), a warp spanning whole rows.
-    per_row = min(cols // 4, 32)
-    return gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[32 // per_row, per_row],
-                            warps_per_cta=[warps, 1], order=[1, 0])
-
-
 @gluon.jit
 def _copy_segment_state(local_s, HLOC_ptr, slot, i_hv, col0, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                         BV: gl.constexpr):
     """cp.async of segment ``slot``'s K x V fp32 state (this program's BV columns; those past V read 0)."""
-    layout: gl.constexpr = _fp32_copy_layout(BV, gl.num_warps())
+    layout: gl.constexpr = _copy_layout(BV, gl.num_warps(), 4)
     rows = gl.arange(0, K, layout=gl.SliceLayout(1, layout))
     cols = col0 + gl.arange(0, BV, layout=gl.SliceLayout(0, layout))
     base = HLOC_ptr + (slot * HV + i_hv) * K * V
@@ -115,7 +107,7 @@ def _copy_step(m_s, local_s, M_ptr, HLOC_ptr, slot, i_hv, col0, HV: gl.constexpr
                BV: gl.constexpr):
     """One step of ``_scan_from_lead``, one cp.async group: segment ``slot``'s K x K fp32 transition into
     m_s, and its state from zero into local_s."""
-    layout: gl.constexpr = _fp32_copy_layout(K, gl.num_warps())
+    layout: gl.constexpr = _copy_layout(K, gl.num_warps(), 4)
     rows = gl.arange(0, K, layout=gl.SliceLayout(1, layout))
     cols = gl.arange(0, K, layout=gl.SliceLayout(0, layout))
     base = M_ptr + (slot * HV + i_hv) * K * K

@@ -683,7 +683,8 @@ class _Scratch(NamedTuple):
     decay: object
     h_local: object  # cut sequences only: each segment's state from a zero start
     transitions: object  # cut sequences only: each segment's K x K state transition
-    h_init: object  # cut sequences only: each segment's state at its start (the combine kernel's)
+    h_init: object  # cut sequences only: each segment's state at its start (the combine kernel's; empty in the
+    # lead form, whose output programs scan the segment states themselves)
     flags: object  # concurrent passes: each (chunk, value head)'s ready flag, then two done counters (lead: those)
 
 
