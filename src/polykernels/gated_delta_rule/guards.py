@@ -31,7 +31,9 @@ def choose(device_type: str) -> Choice:
                             "ready_flags; for cut batch rows, each sequence's first segment through the output "
                             "pass beside the other segments' segment-state pass, one segment more per sequence, "
                             "each output program scanning the segment states up to its own: "
-                            "launch.HOPPER_LEAD_SEGMENT)")
+                            "launch.HOPPER_LEAD_SEGMENT; where its rates estimate it shorter, that first "
+                            "segment launched first beside the prepare pass, waiting for each chunk's ready flag, "
+                            "and the longer one: launch.HOPPER_LEAD_BESIDE_PREPARE)")
 
 
 def dot_precision(fp32_inputs: bool) -> str:

@@ -44,6 +44,14 @@ segment states from that end state up to its own segment (``_scan_from_lead``: t
 scan, without a launch of its own between the passes). The first segment takes no SMs in the second
 wave, so the same SMs hold one segment more per sequence, each shorter.
 
+Where launches may run side by side (launch.concurrent_passes_allowed) and the plan estimates it shorter,
+the lead runs beside the prepare pass too (launch.HOPPER_LEAD_BESIDE_PREPARE): LEAD with AWAIT is launched
+first and waits for each chunk's ready flag, the prepare pass is its programmatic dependent on the other
+SMs, and the segment-state pass (AWAIT, its flags all raised by then) the prepare pass's. The first
+segment is then the longer one (FIRST_TAKES_REST, in all three passes): its output pass runs through the
+prepare pass and on beside the other segments' states, so those and the output pass after them are
+shorter.
+
 Offsets: int64 up to each chunk's first element, int32 inside a chunk (as in kernels.py).
 """
 
@@ -339,16 +347,17 @@ def gdn_recurrence_hopper_rs_kernel(
     BV: gl.constexpr, NV: gl.constexpr, VARLEN: gl.constexpr, LOG_N: gl.constexpr, HAS_INITIAL: gl.constexpr,
     SEGMENT_STATE: gl.constexpr, STORE_FINAL: gl.constexpr, DOT_PRECISION: gl.constexpr,
     STAGES: gl.constexpr, AWAIT: gl.constexpr, FROM_V: gl.constexpr = False, LEAD: gl.constexpr = False,
-    AFTER_LEAD: gl.constexpr = False,
+    AFTER_LEAD: gl.constexpr = False, FIRST_TAKES_REST: gl.constexpr = False,
 ):
     gl.static_assert(K == BK, "the Hopper pass takes whole K rows (K a power of two)")
     WARPS: gl.constexpr = gl.num_warps()
     gl.static_assert(STAGES >= 2, "the Hopper pass copies a chunk ahead: STAGES must be at least 2")
     gl.static_assert(BV == 16 * WARPS, "the state's rows are 64-row products, one warpgroup each")
     gl.static_assert(not (AWAIT and VARLEN), "ready flags are numbered by batch row and chunk")
-    gl.static_assert(not (AWAIT and SEGMENT_STATE), "beside the prepare pass only as the output pass")
+    gl.static_assert(not (AWAIT and SEGMENT_STATE and not AFTER_LEAD),
+                     "segment states wait for ready flags only after a lead beside the prepare pass")
     gl.static_assert(not (FROM_V and (AWAIT or SEGMENT_STATE)), "FROM_V: uncut output passes only")
-    gl.static_assert(not (LEAD and (SEGMENT_STATE or AWAIT or FROM_V or AFTER_LEAD)), "LEAD: an output pass")
+    gl.static_assert(not (LEAD and (SEGMENT_STATE or FROM_V or AFTER_LEAD)), "LEAD: an output pass")
     gl.static_assert(not ((LEAD or AFTER_LEAD) and VARLEN), "a lead segment is numbered by batch row")
     state_l: gl.constexpr = _mma_layout(BK, WARPS)  # h^T: BV x K
     chunk_l: gl.constexpr = _mma_layout(BT, WARPS)  # v_new^T, o^T: BV x BT
@@ -373,7 +382,8 @@ def gdn_recurrence_hopper_rs_kernel(
         i_s = (i_s // runs) * SEGS_PER_SEQ + 1 + i_s % runs
     i_hv = gl.program_id(2).to(gl.int64)
     i_h = i_hv // (HV // H)
-    n, j, count, start, end, valid = _segment(i_s, CU, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN, LOG_N)
+    n, j, count, start, end, valid = _segment(i_s, CU, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN, LOG_N,
+                                              FIRST_TAKES_REST, BT)
     k_idx = gl.arange(0, BK, layout=k_cols)
     if SEGMENT_STATE:  # the transition programs start from their tile of the identity's transpose
         end, is_transition, col0, cols, u_limit = _segment_state_columns(i_col, j, count, start, end, NV, BV, V,
@@ -425,11 +435,12 @@ def gdn_recurrence_hopper_rs_kernel(
                                              gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
 
         chunks = ((end - start + BT - 1) // BT).to(gl.int32)
-        # AWAIT: the prepare pass runs beside this one (packed sequences never): each chunk's copies wait
-        # for its flag (ready_flags); a look-ahead past the last chunk copies nothing and waits for the last.
-        flags = FLAGS + (n * ((T + BT - 1) // BT)) * HV + i_hv
+        # AWAIT: the prepare pass runs beside this one, or ran just before it (packed sequences never): each
+        # chunk's copies wait for its flag (ready_flags); a look-ahead past the last chunk copies nothing and
+        # waits for the last. Flags are numbered by batch row and chunk, from the segment's first.
+        flags = FLAGS + (n * ((T + BT - 1) // BT) + (start - n * T) // BT) * HV + i_hv
         last = gl.maximum(chunks - 1, 0)
-        if AWAIT or LEAD:  # the launch after this one, its programmatic dependent, may start
+        if LEAD or (AWAIT and not AFTER_LEAD):  # the launch after this one, its programmatic dependent, may start
             launch_dependents()
         for ahead in gl.static_range(STAGES - 1):
             if AWAIT:
@@ -484,10 +495,18 @@ def gdn_recurrence_hopper_rs_kernel(
         gl.store(HLOC_ptr + (i_s * HV + i_hv) * K * V + tile, state, mask=tile_mask)
     elif STORE_FINAL:
         gl.store(HT_ptr + (n * HV + i_hv) * K * V + tile, state, mask=tile_mask & (j == count - 1))
-    if AWAIT:  # counted done after the flags (ready_flags.end_after_leader waits for every program)
-        count_done(FLAGS + N * ((T + BT - 1) // BT) * HV + 1)
-    if LEAD:  # the segment-state pass beside this one ends after this pass (FLAGS: its done count, then ours)
-        count_done(FLAGS + 1)
+    # The done counters: after the ready flags where there are flags (the prepare pass's count, the leading
+    # output pass's, then the segment states'), else at FLAGS (the segment states', the lead's).
+    if AWAIT:
+        counters = FLAGS + N * ((T + BT - 1) // BT) * HV
+        dependents = counters + 2
+    else:
+        counters = FLAGS
+        dependents = counters
+    if LEAD or (AWAIT and not AFTER_LEAD):
+        # Counted done after the flags: the launch that depends on this one (the prepare pass beside it, or
+        # the segment-state pass after a lead) ends after it (ready_flags.end_after_leader).
+        count_done(counters + 1)
     if AFTER_LEAD and SEGMENT_STATE:  # the output pass after this one reads the LEAD programs' end states
-        end_after_leader(FLAGS, FLAGS + 1, gl.num_programs(0) * gl.num_programs(1) * gl.num_programs(2),
+        end_after_leader(dependents, counters + 1, gl.num_programs(0) * gl.num_programs(1) * gl.num_programs(2),
                          NV * N * HV)

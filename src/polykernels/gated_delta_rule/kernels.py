@@ -82,8 +82,13 @@ def _first_slot(bos, n, SPAN):
 
 
 @triton.jit
-def _segment(i_s, CU, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN: tl.constexpr, LOG_N: tl.constexpr):
-    """(sequence, index in it, its segment count, first token, end token, valid) of segment i_s."""
+def _segment(i_s, CU, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN: tl.constexpr, LOG_N: tl.constexpr,
+             FIRST_TAKES_REST: tl.constexpr = False, BT: tl.constexpr = 64):
+    """(sequence, index in it, its segment count, first token, end token, valid) of segment i_s.
+
+    FIRST_TAKES_REST (batch rows): every segment after the first has SEG_TOKENS, the last ending at the
+    sequence's last chunk (of BT tokens), and the first takes the chunks they leave, more than SEG_TOKENS
+    (launch.plan_segments' lead beside the prepare pass); otherwise the last is the one that differs."""
     if VARLEN:
         n = _sequence_of(CU, i_s, N, SEG_TOKENS, LOG_N)
         bos = tl.load(CU + n).to(tl.int64)
@@ -99,7 +104,13 @@ def _segment(i_s, CU, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN: tl.constexpr, LOG_
         valid = n < N
     j = i_s - first
     start = bos + j * SEG_TOKENS
-    end = tl.minimum(start + SEG_TOKENS, eos)
+    if FIRST_TAKES_REST:
+        tl.static_assert(not VARLEN, "a first segment of its own length is numbered by batch row")
+        longer = (T + BT - 1) // BT * BT - SEGS_PER_SEQ * SEG_TOKENS  # what the first has beyond SEG_TOKENS
+        start = tl.where(j > 0, start + longer, start)
+        end = tl.minimum(start + SEG_TOKENS + tl.where(j > 0, 0, longer), eos)
+    else:
+        end = tl.minimum(start + SEG_TOKENS, eos)
     end = tl.where(valid, end, start)
     return n, j, count, start, end, valid
 

@@ -56,13 +56,15 @@ class SegmentPlan:
     warpgroups: int = 1  # 2: the register-state pass takes two neighbouring V tiles per program
     concurrent: bool = False  # the sequential pass runs beside the prepare pass, on SMs of its own
     lead: bool = False  # each sequence's first segment runs its output pass beside the others' segment states
+    beside_prepare: bool = False  # ... and, launched first, beside the prepare pass too (HOPPER_LEAD_BESIDE_PREPARE)
+    first_chunks: int = 0  # beside_prepare: the first segment's chunks, more than segment_chunks (0: not so)
 
 
 def plan_segments(
     num_seqs: int, total_tokens: int, value_heads: int, sm_count: int, num_segments: int | None = None,
     *, key_dim: int = 128, value_dim: int = 128, register_tiles: Collection[int] = (),
     register_pairs: Collection[int] = (), concurrent_tiles: Mapping[int, int] | None = None,
-    lead_tiles: Mapping[int, int] | None = None,
+    lead_tiles: Mapping[int, int] | None = None, lead_rates: LeadRates | None = None,
 ) -> SegmentPlan:
     """The V tile and the segments per sequence, from (N, HV, T, K, V, SMs).
 
@@ -90,6 +92,9 @@ def plan_segments(
     more in the same wave, each shorter (the form is taken only where it buys that segment, or where
     ``num_segments`` forces the count). With K = V the segment-state pass holds as many SMs as
     before (its two programs per SM, one value and one transition tile per output program).
+    ``lead_rates``: where the lead form can also start beside the prepare pass (HOPPER_LEAD_BESIDE_PREPARE):
+    taken where those rates estimate it at least LEAD_BESIDE_GAIN shorter (``_lead_beside_prepare``), with
+    the first segment the longer one.
     """
     chunks = max(1, -(-total_tokens // num_seqs // CHUNK))
     wide, narrow = RECURRENCE_BLOCK_V[_block(key_dim)]
@@ -140,10 +145,59 @@ def plan_segments(
     # H200 (1x2048 2/8, four segments of 8 chunks: +3%, BENCHMARKS.md "twenty-ninth set").
     lead = (least is not None and segment_chunks >= least and -(-chunks // segment_chunks) >= 3
             and (one_more or num_segments is not None))
-    if lead:
+    if not lead:
+        return SegmentPlan(segments=segments, segment_chunks=segment_chunks, block_v=block_v, reason=why,
+                           warpgroups=warpgroups)
+    count = -(-chunks // segment_chunks)
+    beside = (_lead_beside_prepare(chunks, count, segment_chunks, num_seqs * chunks * value_heads, programs, sm_count,
+                                   lead_rates) if lead_rates else None)
+    if beside is None:
         why += "; the first segment's output pass beside the others' segment-state pass"
-    return SegmentPlan(segments=segments, segment_chunks=segment_chunks, block_v=block_v, reason=why,
-                       warpgroups=warpgroups, lead=lead)
+        return SegmentPlan(segments=segments, segment_chunks=segment_chunks, block_v=block_v, reason=why,
+                           warpgroups=warpgroups, lead=True)
+    rest, estimate = beside
+    first = chunks - (count - 1) * rest
+    why += (f"; the first segment ({first} chunks) through its output pass beside the prepare pass, then beside the "
+            f"others' segment-state pass ({count - 1} of {rest} chunks; {estimate})")
+    return SegmentPlan(segments=count, segment_chunks=rest, block_v=block_v, reason=why, warpgroups=warpgroups,
+                       lead=True, beside_prepare=True, first_chunks=first)
+
+
+class LeadRates(NamedTuple):
+    """What HOPPER_LEAD_BESIDE_PREPARE's estimate reads, measured per K on one GPU (us, or us x SMs)."""
+
+    prepare: float  # the prepare pass alone: us x SMs per (chunk, value head) program
+    prepare_beside: float  # the same beside the lead (ready flags raised, the lead's copies beside it)
+    first_ready: float  # us from the prepare pass's start until its first chunk is stored
+    lead_beside: float  # us per chunk of the lead's chain beside the prepare pass (each chunk's flag awaited)
+    lead: float  # us per chunk of the lead's chain beside the segment-state pass, and of the output pass's
+    state: float  # us per chunk of the segment-state chain beside the lead
+
+
+def _lead_beside_prepare(chunks: int, count: int, segment_chunks: int, prepare_programs: int, lead_programs: int,
+                         sm_count: int, rates: LeadRates) -> tuple[int, str] | None:
+    """The other segments' chunks where the lead form's first segment starts beside the prepare pass, and the
+    estimate that says so (None where it is not estimated at least LEAD_BESIDE_GAIN shorter than the lead
+    after the prepare pass).
+
+    Three phases: the prepare pass (on the SMs the lead programs leave, where the lead runs each chunk once it
+    is prepared), the lead's remaining chunks beside the other segments' states, the output pass of those.
+    The first segment takes what the others leave."""
+    if lead_programs >= sm_count:
+        return None
+    alone = prepare_programs * rates.prepare / sm_count  # the prepare pass on every SM, then the lead
+    beside = prepare_programs * rates.prepare_beside / (sm_count - lead_programs)
+    ahead = max(0.0, (beside - rates.first_ready) / rates.lead_beside)  # chunks the lead runs meanwhile
+    before = alone + (max(rates.lead, rates.state) + rates.lead) * segment_chunks
+
+    def estimate(rest: int) -> float:
+        first = chunks - (count - 1) * rest
+        return beside + max(rates.lead * (first - ahead), rates.state * rest) + rates.lead * rest
+
+    best = min(range(1, segment_chunks + 1), key=estimate)
+    if estimate(best) > (1 - LEAD_BESIDE_GAIN) * before:
+        return None
+    return best, f"estimated {estimate(best):.0f} us where the lead after the prepare pass takes {before:.0f}"
 
 
 # Gluon is Triton's experimental layer: its API changes between releases. The Gluon kernels run
@@ -299,6 +353,18 @@ HOPPER_PAIRS_FROM_V = True
 # 15 chunks), 1x6144 -11.6% (11), 1x4096 -7.0% (8), so from 8 chunks, MIN_SEGMENT_CHUNKS, where the form
 # buys a segment. An empty table turns it off.
 HOPPER_LEAD_SEGMENT: Mapping[int, int] = types.MappingProxyType({64: 8})
+# Where launches may run side by side (concurrent_passes_allowed) and the prepare pass is the Gluon one, per
+# K: the lead form's first segments start beside the prepare pass (their output pass launched first, waiting
+# for each chunk's ready flag; the prepare pass its programmatic dependent on the other SMs; the segment-state
+# pass the prepare pass's), the first segment the longer one, taken where these rates estimate it at least
+# LEAD_BESIDE_GAIN shorter (plan_segments). Measured on the H200 at 2/8 heads (BENCHMARKS.md, "thirtieth
+# set": the prepare pass 113 us for 4096 programs on 132 SMs alone, about 141 on the 116 the lead leaves; the
+# lead 1.83 us per chunk beside it, 1.58 after it). There the form measured +0.6% at 1x32768 2/8 (estimated
+# +0.8%: not taken), -0.3% at 1x65536 2/8 and -3.0% at 1x32768 4/16 (estimated -2%: taken). An empty table
+# turns it off.
+HOPPER_LEAD_BESIDE_PREPARE: Mapping[int, LeadRates] = types.MappingProxyType(
+    {128: LeadRates(prepare=3.64, prepare_beside=4.0, first_ready=11.0, lead_beside=1.83, lead=1.58, state=1.63)})
+LEAD_BESIDE_GAIN = 0.01
 
 # The prepare pass on sm_90 (hopper_prepare_kernels; the inputs hopper_pass takes): per K, its register
 # cap (Triton's maxnreg; None: uncapped). At K = 128, 168 registers (24 bytes spilled) give three
@@ -447,8 +513,8 @@ def launch_chunk_gated_delta_rule(
     flag_bytes = math.prod(flags.shape) * flags.dtype.itemsize
     if recipe.concurrent or recipe.lead:  # the ready flags and done counters start at zero
         workspace[flags.offset:flags.offset + flag_bytes].zero_()
-    if recipe.concurrent:
-        # Both kernels compiled and loaded first: the sequential pass waits for the prepare pass, whose
+    if recipe.concurrent or recipe.beside_prepare:
+        # Every kernel compiled and loaded first: the sequential pass waits for the prepare pass, whose
         # compile or module load must not happen while it spins.
         for launcher, grid, name, meta, key in launches:
             launcher.warm(grid, meta, spec_key=key, tensors=lambda name=name: getattr(views(), name))
@@ -471,7 +537,7 @@ def launch_tables(block_k: int) -> tuple:
             tuple(HOPPER_STAGES.items()), tuple(HOPPER_PREPARE.items()), tuple(HOPPER_REGISTER_STAGES.items()),
             tuple(HOPPER_REGISTER_PAIRS.items()), tuple(HOPPER_CONCURRENT.items()), tuple(COMBINE_LAUNCH.items()),
             tuple(HOPPER_REGISTER_CUT.items()), tuple(HOPPER_REGISTER_SEGMENT_STAGES.items()), HOPPER_PAIRS_FROM_V,
-            tuple(HOPPER_LEAD_SEGMENT.items()))
+            tuple(HOPPER_LEAD_SEGMENT.items()), tuple(HOPPER_LEAD_BESIDE_PREPARE.items()))
 
 
 def _launches(recipe: _Recipe, run: SimpleNamespace,
@@ -481,7 +547,8 @@ def _launches(recipe: _Recipe, run: SimpleNamespace,
     segments' output pass before them, the segment-state pass its programmatic dependent, and no
     combine pass: the output programs scan the segment states themselves), the sequential pass. Where
     the two passes run side by side the sequential pass comes first and the prepare pass is its
-    programmatic dependent (ready_flags)."""
+    programmatic dependent (ready_flags); where the lead runs beside the prepare pass the lead comes first,
+    the prepare pass its programmatic dependent and the segment-state pass the prepare pass's."""
     prepare = _hopper_prepare_launcher() if recipe.hopper_prepare else run.prepare
     sequential = (_hopper_register_launcher() if recipe.hopper_registers else _hopper_launcher() if recipe.hopper
                   else run.recurrence)
@@ -489,10 +556,12 @@ def _launches(recipe: _Recipe, run: SimpleNamespace,
         return [(sequential, recipe.recurrence_grid, "recurrence", recipe.recurrence_meta, (spec, False)),
                 (prepare, recipe.prepare_grid, "prepare", recipe.prepare_meta, spec)]
     launches = [(prepare, recipe.prepare_grid, "prepare", recipe.prepare_meta, spec)]
+    if recipe.beside_prepare:
+        launches.insert(0, (sequential, recipe.lead_grid, "lead", recipe.lead_meta, (spec, "lead")))
     if recipe.segment_chunks:
         segment_state = (_hopper_register_launcher() if recipe.segment_registers else
                          _hopper_launcher() if recipe.hopper_registers else sequential)
-        if recipe.lead:  # the segment-state pass is its programmatic dependent, beside it
+        if recipe.lead and not recipe.beside_prepare:  # the segment-state pass is its programmatic dependent
             launches.append((sequential, recipe.lead_grid, "lead", recipe.lead_meta, (spec, "lead")))
         launches.append((segment_state, recipe.segment_state_grid, "segment_state", recipe.segment_state_meta,
                          (spec, True)))
@@ -529,6 +598,7 @@ class _Recipe:
     lead: bool  # cut sequences: the first segments' output pass leads the other segments' segment-state pass
     lead_grid: tuple[int, ...]
     lead_meta: dict[str, object]
+    beside_prepare: bool  # lead: launched first, the prepare pass beside it (ready flags), the segment states after
     sequential_programs: int  # concurrent: the sequential pass's grid size (ready_flags.end_after_leader)
     workspace: Layout  # every intermediate (_Scratch)
     from_v: bool = False  # HOPPER_PAIRS_FROM_V: the prepare pass stores T, the sequential pass reads v
@@ -547,6 +617,7 @@ def _recipe(
     combine_launch: tuple[tuple[str, int], ...], hopper_register_cut: tuple[tuple[int, int], ...],
     hopper_register_segment_stages: tuple[tuple[int, int], ...], pairs_from_v: bool = False,
     lead_segment: tuple[tuple[int, int], ...] = (),
+    lead_beside_prepare: tuple[tuple[int, LeadRates], ...] = (),
 ) -> _Recipe:
     batch, tokens, heads, key_dim = q_shape
     value_heads, value_dim = v_shape[2], v_shape[3]
@@ -564,7 +635,9 @@ def _recipe(
                          value_dim=value_dim, register_tiles=dict(hopper_register_stages) if on_hopper else (),
                          register_pairs=dict(hopper_register_pairs) if on_hopper else (),
                          concurrent_tiles={tile: beside[0] for tile in dict(hopper_register_stages)} if beside
-                         else None, lead_tiles=lead_tiles)
+                         else None, lead_tiles=lead_tiles,
+                         lead_rates=(dict(lead_beside_prepare).get(key_dim)
+                                     if gluon_prepare and concurrent_passes_allowed() else None))
     segment_chunks = plan.segment_chunks if plan.segments > 1 else 0
     block_k, block_v = _block(key_dim), plan.block_v * plan.warpgroups
     precision = guards.dot_precision(fp32_inputs=dtype == torch.float32)
@@ -575,10 +648,12 @@ def _recipe(
     elif varlen:  # segment slots: at most total // segment_tokens + num_seqs (kernels._sequence_of)
         segments_per_seq, segment_tokens = 1, segment_chunks * CHUNK
         max_segments = -(-total // segment_tokens) + num_seqs
-    else:
-        segments_per_seq = -(-chunks_per_seq // segment_chunks)
+    else:  # beside_prepare: the first segment takes what the others leave (kernels._segment's FIRST_TAKES_REST)
+        segments_per_seq = (1 + -(-(chunks_per_seq - plan.first_chunks) // segment_chunks) if plan.beside_prepare
+                            else -(-chunks_per_seq // segment_chunks))
         max_segments, segment_tokens = num_seqs * segments_per_seq, segment_chunks * CHUNK
     lead = plan.lead  # batch rows only (no lead_tiles for packed ones), cut into three segments or more
+    beside_prepare = plan.beside_prepare  # the lead launched first, the prepare pass beside it (ready_flags)
     combine = dict(combine_launch)
     combine_bv = min(combine["block_v"], _block(value_dim))
     prep_bv, prep_warps = prepare_launch
@@ -615,25 +690,32 @@ def _recipe(
               and key_dim == 128 and value_dim % block_v == 0)
     if hopper_registers:
         recurrence_tail = {**recurrence_tail, "AWAIT": plan.concurrent, "FROM_V": from_v, "LEAD": False,
-                           "AFTER_LEAD": lead}
+                           "AFTER_LEAD": lead, "FIRST_TAKES_REST": beside_prepare}
         if segment_chunks:  # the register-state segment-state pass, or hopper_kernels'
-            # lead: the first segments' output pass's programmatic dependent, beside it.
-            segment_tail = ({"STAGES": segment_stages, "num_warps": 4, "AWAIT": False, "FROM_V": False, "LEAD": False,
-                             "AFTER_LEAD": lead, **({"launch_pdl": True} if lead else {})}
+            # lead: the first segments' output pass's programmatic dependent, beside it (beside_prepare: the
+            # prepare pass's, each chunk's copies after its flag).
+            segment_tail = ({"STAGES": segment_stages, "num_warps": 4, "AWAIT": beside_prepare, "FROM_V": False,
+                             "LEAD": False, "AFTER_LEAD": lead, "FIRST_TAKES_REST": beside_prepare,
+                             **({"launch_pdl": True} if lead else {})}
                             if segment_stages
                             else {"STAGES": dict(hopper_stages)[block_v], "num_warps": 4})
     prepare_tail = {"num_warps": prep_warps, "num_stages": 1}
+    # Ready flags (one per chunk and value head) then the done counters: the prepare pass's and the sequential
+    # pass's beside it; the lead's and the segment states' (ready_flags); the prepare pass's, the lead's and the
+    # segment states' where the lead runs beside the prepare pass (hopper_register_kernels).
+    flag_count = (max_chunks * value_heads + 2 if plan.concurrent else max_chunks * value_heads + 3 if beside_prepare
+                  else 2 if lead else 0)
     if gluon_prepare:
         # Beside the sequential pass: its programmatic dependent, started once every sequential program
         # has (ready_flags.launch_dependents), on the SMs they left.
-        prepare_tail = {"CONCURRENT": plan.concurrent, "num_warps": 4, "STORE_T": from_v,
+        prepare_tail = {"CONCURRENT": plan.concurrent or beside_prepare, "num_warps": 4, "STORE_T": from_v,
                         **({"maxnreg": caps[key_dim]} if caps[key_dim] else {}),
-                        **({"launch_pdl": True} if plan.concurrent else {})}
+                        **({"launch_pdl": True} if plan.concurrent or beside_prepare else {})}
     return _Recipe(
         spec=(q_shape, v_shape, dtype, cu_dtype, num_seqs, has_initial, output_final_state, l2norm, num_segments,
               device, seen, block_vs, launch, prepare_launch, hopper_stages, hopper_prepare, hopper_register_stages,
               hopper_register_pairs, hopper_concurrent, combine_launch, hopper_register_cut,
-              hopper_register_segment_stages, pairs_from_v, lead_segment),
+              hopper_register_segment_stages, pairs_from_v, lead_segment, lead_beside_prepare),
         chunks_per_seq=chunks_per_seq, segment_chunks=segment_chunks,
         segments_per_seq=segments_per_seq, max_segments=max_segments, segment_tokens=segment_tokens,
         prepare_grid=(max_chunks, value_heads),
@@ -644,7 +726,7 @@ def _recipe(
         # first and last, the output pass of those after its first.
         lead_grid=(value_tiles, num_seqs, value_heads),
         lead_meta={**recurrence, "HAS_INITIAL": has_initial, "SEGMENT_STATE": False, "STORE_FINAL": False,
-                   **recurrence_tail, "LEAD": True, "AFTER_LEAD": False},
+                   **recurrence_tail, "LEAD": True, "AFTER_LEAD": False, "AWAIT": beside_prepare},
         segment_state_grid=(value_tiles + -(-key_dim // block_v),
                             num_seqs * (segments_per_seq - 2) if lead else max_segments, value_heads),
         segment_state_meta={**recurrence, "HAS_INITIAL": False, "SEGMENT_STATE": True, "STORE_FINAL": False,
@@ -663,10 +745,11 @@ def _recipe(
         hopper_prepare=gluon_prepare,
         concurrent=plan.concurrent,
         lead=lead,
+        beside_prepare=beside_prepare,
         sequential_programs=value_tiles * max_segments * value_heads if plan.concurrent else 0,
         from_v=from_v,
         workspace=_workspace(total, value_heads, key_dim, value_dim, dtype, max_segments, bool(segment_chunks),
-                             max_chunks * value_heads + 2 if plan.concurrent else 2 if lead else 0, from_v,
+                             flag_count, from_v,
                              combined=not lead),
     )
 

@@ -131,7 +131,7 @@ for _name, _segment_state, _block_v in (
     ))
 # The Gluon prepare pass (sm_90 only: wgmma), with the register cap the launcher gives it at K = 128;
 # also its form that raises each chunk's ready flag for a sequential pass running beside it
-# (launch._recipe's concurrent; one sequence per batch row).
+# (launch._recipe's concurrent and lead beside the prepare pass; one sequence per batch row).
 _PREPARE_CAP = HOPPER_PREPARE.get(128)
 for _name, _concurrent in (("gdn_prepare_hopper", False), ("gdn_prepare_hopper_concurrent", True)):
     register(KernelSpec(
@@ -197,20 +197,26 @@ register(KernelSpec(
 # launch.HOPPER_LEAD_SEGMENT (sm_90, cut batch rows): each sequence's first segment's output pass (LEAD), the
 # segment-state pass of the segments after it as that launch's programmatic dependent, and the output
 # pass of the segments after the first (AFTER_LEAD), each program scanning the segment states up to its own.
-for _name, _lead, _segment_state in (
-    ("gdn_recurrence_hopper_rs_lead", True, False),
-    ("gdn_segment_state_hopper_rs_after_lead", False, True),
-    ("gdn_recurrence_hopper_rs_after_lead", False, False),
+# Also the form beside the prepare pass (launch.HOPPER_LEAD_BESIDE_PREPARE): the lead and the segment states
+# waiting for ready flags, the first segment the longer one in all three.
+for _name, _lead, _segment_state, _beside in (
+    ("gdn_recurrence_hopper_rs_lead", True, False, False),
+    ("gdn_segment_state_hopper_rs_after_lead", False, True, False),
+    ("gdn_recurrence_hopper_rs_after_lead", False, False, False),
+    ("gdn_recurrence_hopper_rs_lead_beside_prepare", True, False, True),
+    ("gdn_segment_state_hopper_rs_after_lead_beside_prepare", False, True, True),
+    ("gdn_recurrence_hopper_rs_after_lead_beside_prepare", False, False, True),
 ):
     register(KernelSpec(
         name=_name, module="polykernels.gated_delta_rule.hopper_register_kernels",
         function="gdn_recurrence_hopper_rs_kernel",
-        signature={**_RS_SIGNATURE, **_constexpr("FROM_V", "LEAD", "AFTER_LEAD")},
+        signature={**_RS_SIGNATURE, **_constexpr("FROM_V", "LEAD", "AFTER_LEAD", "FIRST_TAKES_REST")},
         constexprs={**_SHAPE, "V": 128, "BV": _WIDE_BV, "NV": 128 // _WIDE_BV, "VARLEN": False, "LOG_N": 1,
                     "HAS_INITIAL": not _segment_state, "SEGMENT_STATE": _segment_state,
                     "STORE_FINAL": not (_segment_state or _lead),
                     "STAGES": (HOPPER_REGISTER_SEGMENT_STAGES if _segment_state else HOPPER_REGISTER_STAGES)[_WIDE_BV],
-                    "AWAIT": False, "FROM_V": False, "LEAD": _lead, "AFTER_LEAD": not _lead},
+                    "AWAIT": _beside and (_lead or _segment_state), "FROM_V": False, "LEAD": _lead,
+                    "AFTER_LEAD": not _lead, "FIRST_TAKES_REST": _beside},
         allowed=_on_hopper, platform_constexprs=_precision,
         options={"num_warps": 4},
     ))

@@ -10,7 +10,7 @@ from polykernels.gated_delta_rule import (
     chunk_gated_delta_rule_torch,
     naive_recurrent_gated_delta_rule,
 )
-from polykernels.gated_delta_rule.launch import launch_chunk_gated_delta_rule
+from polykernels.gated_delta_rule.launch import LeadRates, launch_chunk_gated_delta_rule
 from tests.helpers import relative_rms_error
 
 BOUND = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 5e-3}
@@ -353,6 +353,7 @@ def test_lead_recipe_launches_the_segment_states_as_the_first_segments_dependent
         monkeypatch: pytest.MonkeyPatch) -> None:
     from polykernels.gated_delta_rule import launch
 
+    monkeypatch.setattr(launch, "HOPPER_LEAD_BESIDE_PREPARE", {})  # the lead after the prepare pass
     recipe = _sm90_recipe(monkeypatch, 1, 32768, 2, 8, None)  # 9 segments of 57 chunks
     assert recipe.lead and recipe.segments_per_seq == 9 and recipe.hopper_registers and recipe.segment_registers
     order = [name for _, _, name, _, _ in launch._launches(recipe, launch._launchers(), ())]
@@ -375,6 +376,58 @@ def test_lead_recipe_launches_the_segment_states_as_the_first_segments_dependent
     assert not off.recurrence_meta["AFTER_LEAD"]
     assert [name for _, _, name, _, _ in launch._launches(off, launch._launchers(), ())] == [
         "prepare", "segment_state", "combine", "recurrence"]
+
+
+def test_lead_beside_the_prepare_pass_is_launched_first_with_the_longer_first_segment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Where launches may overlap, the lead is launched first and waits for the ready flags, the prepare pass is
+    # its programmatic dependent and the segment-state pass the prepare pass's; the segments after the first
+    # are shorter, the first takes the rest (the plan's estimate from HOPPER_LEAD_BESIDE_PREPARE's rates).
+    from polykernels.gated_delta_rule import launch
+
+    recipe = _sm90_recipe(monkeypatch, 1, 32768, 4, 16, None)
+    assert recipe.lead and recipe.beside_prepare and recipe.segments_per_seq == 5
+    assert recipe.segment_chunks == 67  # the first segment: 512 - 4 x 67 = 244 chunks
+    order = [(name, meta.get("launch_pdl", False)) for _, _, name, meta, _ in
+             launch._launches(recipe, launch._launchers(), ())]
+    assert order == [("lead", False), ("prepare", True), ("segment_state", True), ("recurrence", False)]
+    assert recipe.lead_meta["AWAIT"] and recipe.segment_state_meta["AWAIT"] and not recipe.recurrence_meta["AWAIT"]
+    assert all(meta["FIRST_TAKES_REST"] for meta in (recipe.lead_meta, recipe.segment_state_meta,
+                                                     recipe.recurrence_meta))
+    # The prepare pass raises the flags and waits for no sequential program: the segment states start after it.
+    assert recipe.prepare_meta["CONCURRENT"] and recipe.sequential_programs == 0
+    parts = recipe.workspace.parts
+    assert parts[launch._Scratch._fields.index("flags")].shape == (512 * 16 + 3,)  # flags, then three counters
+    assert recipe.segment_state_grid == (4, 3, 16) and recipe.recurrence_grid == (2, 4, 16)
+    # Off where launches run one after the other (the lead would wait for a launch queued behind it).
+    monkeypatch.setenv("POLYKERNELS_GDN_CONCURRENT", "0")
+    launch._recipe.cache_clear()
+    serial = _sm90_recipe(monkeypatch, 1, 32768, 4, 16, None)
+    assert serial.lead and not serial.beside_prepare and serial.segment_chunks == 103
+    assert not serial.recurrence_meta["FIRST_TAKES_REST"] and not serial.prepare_meta["CONCURRENT"]
+    launch._recipe.cache_clear()
+
+
+def test_segment_plan_takes_the_lead_beside_the_prepare_pass_where_its_rates_estimate_it_shorter() -> None:
+    from polykernels.gated_delta_rule.launch import HOPPER_LEAD_BESIDE_PREPARE, plan_segments
+
+    rates = HOPPER_LEAD_BESIDE_PREPARE[128]
+    beside = {"register_tiles": (64,), "lead_tiles": {64: 8}, "lead_rates": rates}
+    # 2/8 heads: the lead's 16 SMs cost the prepare pass about what its head start gives back (not taken).
+    thin = plan_segments(1, 32768, 8, 132, **beside)
+    assert (thin.segments, thin.segment_chunks, thin.lead, thin.beside_prepare, thin.first_chunks) == (9, 57, True,
+                                                                                                      False, 0)
+    # 4/16: the lead runs 32 of the 512 chunks' programs beside the prepare pass, and 4 segments follow it.
+    wide = plan_segments(1, 32768, 16, 132, **beside)
+    assert (wide.segments, wide.segment_chunks, wide.first_chunks, wide.beside_prepare) == (5, 67, 244, True)
+    assert wide.first_chunks + 4 * wide.segment_chunks == 512 and "the first segment (244 chunks)" in wide.reason
+    # A lead as fast beside the prepare pass as after it, on a prepare pass that does not slow: taken at 2/8 too,
+    # the first segment the longer one.
+    quick = plan_segments(1, 32768, 8, 132, **{**beside, "lead_rates": rates._replace(
+        prepare_beside=rates.prepare, lead_beside=rates.lead)})
+    assert quick.beside_prepare and quick.first_chunks > quick.segment_chunks and quick.segments == 9
+    # Short sequences: the head start is too short to pay.
+    assert not plan_segments(1, 4096, 8, 132, **beside).beside_prepare
 
 
 def test_register_state_pass_pairs_tiles_where_the_pairs_fill_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -808,27 +861,39 @@ def test_gpu_passes_side_by_side_match_them_one_after_the_other(gpu_device: str,
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+# launch.HOPPER_LEAD_BESIDE_PREPARE's rates that give the lead beside the prepare pass a head start of ten
+# chunks at any size (a prepare pass that costs nothing, its first chunk ready before the start): the plan
+# then takes that form, with the first segment the longer one, in the small shapes of the GPU tests.
+HEAD_START = LeadRates(prepare=0.0, prepare_beside=0.0, first_ready=-10 * 1.58, lead_beside=1.58, lead=1.58,
+                              state=1.63)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(("batch", "tokens", "segments", "initial", "key_dim", "value_dim"), [
     (1, 3000, 3, True, 128, 128), (2, 2000 + 37, 4, False, 128, 128), (1, 1100, 9, True, 128, 128),
     (1, 2000, 4, True, 64, 100)],
     ids=["B1-3seg-initial", "B2-tail-chunk-4seg", "B1-9seg-initial", "K64-V100-4seg"])
+@pytest.mark.parametrize("beside_prepare", [False, True], ids=["after-prepare", "beside-prepare"])
 def test_gpu_lead_segment_beside_the_segment_states(gpu_device: str, monkeypatch: pytest.MonkeyPatch, batch: int,
                                                     tokens: int, segments: int, initial: bool, key_dim: int,
-                                                    value_dim: int) -> None:
+                                                    value_dim: int, beside_prepare: bool) -> None:
     # Each sequence's first segment through its output pass, with the other segments' segment-state
     # pass beside it as its programmatic dependent, and each output program's scan from the second
     # segment up to its own (launch.HOPPER_LEAD_SEGMENT): against the fp64 recurrence, no further from
     # it than the segment passes without that form (which start the second segment from M h0 + h_local
     # where the first segment's own chain carries the state on); the Python path, the replayed launch
-    # program and a CUDA graph give the same bits.
+    # program and a CUDA graph give the same bits. beside_prepare: the lead launched first, beside the prepare
+    # pass (launch.HOPPER_LEAD_BESIDE_PREPARE, its rates made to give the first segment a long head start:
+    # the others are shorter, and the first takes the rest).
     if torch.cuda.get_device_capability(gpu_device) != (9, 0):
         pytest.skip("the register-state passes run on sm_90 only")
-    from polykernels import _programs
+    from polykernels import _programs, platform
     from polykernels._programs import Zero
     from polykernels.gated_delta_rule import launch
 
     monkeypatch.setattr(launch, "HOPPER_LEAD_SEGMENT", {64: 1})  # segments of any length
+    head_start = {64: HEAD_START, 128: HEAD_START} if beside_prepare else {}
+    monkeypatch.setattr(launch, "HOPPER_LEAD_BESIDE_PREPARE", head_start)
     inputs = make_inputs(batch, tokens, 2, 8, key_dim, value_dim, torch.bfloat16, device=gpu_device)
     h0 = torch.randn(batch, 8, key_dim, value_dim, device=gpu_device) if initial else None
     registered = _registered_programs(monkeypatch)
@@ -837,11 +902,18 @@ def test_gpu_lead_segment_beside_the_segment_states(gpu_device: str, monkeypatch
         return chunk_gated_delta_rule(*inputs, initial_state=h0, output_final_state=True, num_segments=segments)
 
     first, replayed = public(), public()
-    if _programs.enabled():  # the counters zeroed, prepare, lead, segment states (dependent), outputs
+    recipe = launch._recipe(inputs[0].shape, inputs[2].shape, torch.bfloat16, None, batch, initial, True, False,
+                            segments, inputs[0].device, platform.current(), *launch.launch_tables(key_dim))
+    assert recipe.beside_prepare is beside_prepare and recipe.segments_per_seq == segments
+    if beside_prepare:
+        first_chunks = -(-tokens // 64) - (segments - 1) * recipe.segment_chunks
+        assert first_chunks > recipe.segment_chunks, (first_chunks, recipe.segment_chunks)
+    if _programs.enabled():  # the counters zeroed, then prepare, lead, segment states (dependent), outputs; or the
+        # lead first, then prepare (dependent), segment states (the prepare pass's dependent), outputs
         (steps,) = registered
         assert isinstance(steps[0], Zero) and len(steps) == 5
-        assert [steps[i].launcher.described(steps[i].spec_key).dependent for i in range(1, 5)] == [
-            False, False, True, False]
+        assert [steps[i].launcher.described(steps[i].spec_key).dependent for i in range(1, 5)] == (
+            [False, True, True, False] if beside_prepare else [False, False, True, False])
     captured = _replayed_from_a_graph(public)
     for got in (replayed, captured):
         assert torch.equal(got[0], first[0]) and torch.equal(got[1], first[1])
@@ -930,24 +1002,34 @@ def test_gpu_nan_never_reaches_earlier_tokens(gpu_device: str, segments, dtype: 
 
 
 @pytest.mark.gpu
-def test_gpu_nan_never_reaches_earlier_tokens_across_a_lead_segment(gpu_device: str,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("beside_prepare", [False, True], ids=["after-prepare", "beside-prepare"])
+def test_gpu_nan_never_reaches_earlier_tokens_across_a_lead_segment(gpu_device: str, monkeypatch: pytest.MonkeyPatch,
+                                                                    beside_prepare: bool) -> None:
     # Three segments of six chunks (64-column tiles: a sequence of 18 chunks is cut anyway), the first
     # through the lead (launch.HOPPER_LEAD_SEGMENT, sm_90): a non-finite input in the first reaches the
     # later ones through the lead's end state, one in the second through the output programs' scan.
+    # beside_prepare: the lead beside the prepare pass, its first segment the longer one (rates as in
+    # test_gpu_lead_segment_beside_the_segment_states), each side of every boundary.
     if torch.cuda.get_device_capability(gpu_device) != (9, 0):
         pytest.skip("the register-state passes run on sm_90 only")
-    from polykernels import _programs
+    from polykernels import _programs, platform
     from polykernels.gated_delta_rule import launch
 
     monkeypatch.setattr(launch, "HOPPER_LEAD_SEGMENT", {64: 1})
+    monkeypatch.setattr(launch, "HOPPER_LEAD_BESIDE_PREPARE", {64: HEAD_START} if beside_prepare else {})
     registered = _registered_programs(monkeypatch)
     inputs = make_inputs(1, 1100, 1, 1, 64, 64, torch.bfloat16, device=gpu_device)
     chunk_gated_delta_rule(*inputs, output_final_state=True, num_segments=3)
-    if _programs.enabled():  # the two counters zeroed and four launches: the lead form
+    if _programs.enabled():  # the counters zeroed and four launches: the lead form
         assert len(registered[0]) == 5
+    recipe = launch._recipe(inputs[0].shape, inputs[2].shape, torch.bfloat16, None, 1, False, True, False, 3,
+                            inputs[0].device, platform.current(), *launch.launch_tables(64))
+    rest = recipe.segment_tokens
+    first = 18 * 64 - 2 * rest if beside_prepare else rest  # 1100 tokens: 18 chunks
+    assert recipe.beside_prepare is beside_prepare and (first > rest) is beside_prepare
     _nan_causality(lambda *a: launch_chunk_gated_delta_rule(*a, 0.2, None, True, None, False, 3), gpu_device,
-                   [0, 100, 383, 384, 700, 768, 1099], torch.bfloat16, dim=64, tokens=1100)
+                   [0, 100, first - 1, first, first + rest - 1, first + rest, 1099], torch.bfloat16, dim=64,
+                   tokens=1100)
 
 
 @pytest.mark.gpu
@@ -1027,7 +1109,10 @@ def test_kernels_compile_for_amd(target: str) -> None:
                                         "gdn_segment_state_hopper_rs", "gdn_prepare_hopper_t",
                                         "gdn_recurrence_hopper_rs_pair_from_v", "gdn_recurrence_hopper_rs_lead",
                                         "gdn_segment_state_hopper_rs_after_lead",
-                                        "gdn_recurrence_hopper_rs_after_lead"}
+                                        "gdn_recurrence_hopper_rs_after_lead",
+                                        "gdn_recurrence_hopper_rs_lead_beside_prepare",
+                                        "gdn_segment_state_hopper_rs_after_lead_beside_prepare",
+                                        "gdn_recurrence_hopper_rs_after_lead_beside_prepare"}
     assert set(names) == {"gdn_prepare", "gdn_recurrence", "gdn_segment_state", "gdn_combine",
                           "gdn_recurrence_fp32", "gdn_prepare_fp32"}
     for kernel in names:
