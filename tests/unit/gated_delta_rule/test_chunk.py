@@ -417,7 +417,7 @@ def test_segment_plan_takes_the_lead_beside_the_prepare_pass_where_its_rates_est
     thin = plan_segments(1, 32768, 8, 132, **beside)
     assert (thin.segments, thin.segment_chunks, thin.lead, thin.beside_prepare, thin.first_chunks) == (9, 57, True,
                                                                                                       False, 0)
-    # 4/16: the lead runs 32 of the 512 chunks' programs beside the prepare pass, and 4 segments follow it.
+    # 4/16: the lead's 32 programs run 244 of the 512 chunks, most of them beside the prepare pass; 4 x 67 follow.
     wide = plan_segments(1, 32768, 16, 132, **beside)
     assert (wide.segments, wide.segment_chunks, wide.first_chunks, wide.beside_prepare) == (5, 67, 244, True)
     assert wide.first_chunks + 4 * wide.segment_chunks == 512 and "the first segment (244 chunks)" in wide.reason
@@ -865,7 +865,7 @@ def test_gpu_passes_side_by_side_match_them_one_after_the_other(gpu_device: str,
 # chunks at any size (a prepare pass that costs nothing, its first chunk ready before the start): the plan
 # then takes that form, with the first segment the longer one, in the small shapes of the GPU tests.
 HEAD_START = LeadRates(prepare=0.0, prepare_beside=0.0, first_ready=-10 * 1.58, lead_beside=1.58, lead=1.58,
-                              state=1.63)
+                       state=1.63)
 
 
 @pytest.mark.gpu
