@@ -49,7 +49,7 @@ def _block(dim: int) -> int:
 class SegmentPlan:
     """How each sequence is cut for context parallelism (``segments == 1``: not cut), and the V tile."""
 
-    segments: int  # per sequence of average length
+    segments: int  # per sequence of average length (those that run: ceil(chunks / segment_chunks))
     segment_chunks: int  # chunks per segment
     block_v: int  # V columns per sequential program (per warpgroup where ``warpgroups`` is 2)
     reason: str
@@ -141,19 +141,20 @@ def plan_segments(
         why += (f"; two {block_v}-column tiles per register-state program: {pairs} programs, each chunk's tiles "
                 "copied once for both")
     segment_chunks = -(-chunks // segments)
+    count = -(-chunks // segment_chunks)  # what runs: fewer where whole chunks cannot make ``segments``
+    if count != segments:
+        why += f"; {count} segments of {segment_chunks} chunks run"
     # Only where it buys that segment (or a count is forced): with the count unchanged it was slower on the
     # H200 (1x2048 2/8, four segments of 8 chunks: +3%, BENCHMARKS.md "twenty-ninth set").
-    lead = (least is not None and segment_chunks >= least and -(-chunks // segment_chunks) >= 3
-            and (one_more or num_segments is not None))
+    lead = (least is not None and segment_chunks >= least and count >= 3 and (one_more or num_segments is not None))
     if not lead:
-        return SegmentPlan(segments=segments, segment_chunks=segment_chunks, block_v=block_v, reason=why,
+        return SegmentPlan(segments=count, segment_chunks=segment_chunks, block_v=block_v, reason=why,
                            warpgroups=warpgroups)
-    count = -(-chunks // segment_chunks)
     beside = (_lead_beside_prepare(chunks, count, segment_chunks, num_seqs * chunks * value_heads, programs, sm_count,
                                    lead_rates) if lead_rates else None)
     if beside is None:
         why += "; the first segment's output pass beside the others' segment-state pass"
-        return SegmentPlan(segments=segments, segment_chunks=segment_chunks, block_v=block_v, reason=why,
+        return SegmentPlan(segments=count, segment_chunks=segment_chunks, block_v=block_v, reason=why,
                            warpgroups=warpgroups, lead=True)
     rest, estimate = beside
     first = chunks - (count - 1) * rest

@@ -343,6 +343,9 @@ def test_segment_plan_takes_one_segment_more_where_the_first_runs_beside_the_seg
     # The form only where it buys a segment: at 1x2048 the count stays 4 (segments of 8 chunks), without it.
     from_eight = {"register_tiles": (64,), "lead_tiles": {64: 8}}
     assert [plan_segments(1, tokens, 8, 132, **from_eight).lead for tokens in (2048, 4096)] == [False, True]
+    # The count is what runs: 1x4096 asks for a ninth segment, and 64 chunks make eight of 8.
+    at_4096 = plan_segments(1, 4096, 8, 132, **from_eight)
+    assert (at_4096.segments, at_4096.segment_chunks) == (8, 8) and "8 segments of 8 chunks run" in at_4096.reason
     # A forced plan keeps its count, with the lead form from three segments on; uncut sequences never.
     assert [plan_segments(1, 32768, 8, 132, num_segments=n, **lead).lead for n in (2, 3)] == [False, True]
     assert not plan_segments(1, 8192, 64, 132, **lead).lead
