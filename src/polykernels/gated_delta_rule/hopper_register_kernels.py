@@ -371,6 +371,9 @@ def gdn_recurrence_hopper_rs_kernel(
     OUTPUTS: gl.constexpr = not SEGMENT_STATE
     # u's columns all lie inside V: no column mask (the transition programs mask all of theirs: u = 0).
     U_COLS_IN: gl.constexpr = V % BV == 0 and OUTPUTS
+    # A launch depends on this one programmatically (the prepare pass beside it, or the segment-state pass after
+    # a lead): it may start at once, and it ends after this one (ready_flags.end_after_leader).
+    LEADS: gl.constexpr = LEAD or (AWAIT and not AFTER_LEAD)
 
     i_col = gl.program_id(0)
     i_s = gl.program_id(1).to(gl.int64)
@@ -440,7 +443,7 @@ def gdn_recurrence_hopper_rs_kernel(
         # waits for the last. Flags are numbered by batch row and chunk, from the segment's first.
         flags = FLAGS + (n * ((T + BT - 1) // BT) + (start - n * T) // BT) * HV + i_hv
         last = gl.maximum(chunks - 1, 0)
-        if LEAD or (AWAIT and not AFTER_LEAD):  # the launch after this one, its programmatic dependent, may start
+        if LEADS:
             launch_dependents()
         for ahead in gl.static_range(STAGES - 1):
             if AWAIT:
@@ -503,9 +506,7 @@ def gdn_recurrence_hopper_rs_kernel(
     else:
         counters = FLAGS
         dependents = counters
-    if LEAD or (AWAIT and not AFTER_LEAD):
-        # Counted done after the flags: the launch that depends on this one (the prepare pass beside it, or
-        # the segment-state pass after a lead) ends after it (ready_flags.end_after_leader).
+    if LEADS:  # counted done after the flags and the end state
         count_done(counters + 1)
     if AFTER_LEAD and SEGMENT_STATE:  # the output pass after this one reads the LEAD programs' end states
         end_after_leader(dependents, counters + 1, gl.num_programs(0) * gl.num_programs(1) * gl.num_programs(2),

@@ -556,14 +556,15 @@ def _launches(recipe: _Recipe, run: SimpleNamespace,
     if recipe.concurrent:
         return [(sequential, recipe.recurrence_grid, "recurrence", recipe.recurrence_meta, (spec, False)),
                 (prepare, recipe.prepare_grid, "prepare", recipe.prepare_meta, spec)]
+    lead = (sequential, recipe.lead_grid, "lead", recipe.lead_meta, (spec, "lead"))
     launches = [(prepare, recipe.prepare_grid, "prepare", recipe.prepare_meta, spec)]
-    if recipe.beside_prepare:
-        launches.insert(0, (sequential, recipe.lead_grid, "lead", recipe.lead_meta, (spec, "lead")))
+    if recipe.beside_prepare:  # the prepare pass is its programmatic dependent
+        launches.insert(0, lead)
     if recipe.segment_chunks:
         segment_state = (_hopper_register_launcher() if recipe.segment_registers else
                          _hopper_launcher() if recipe.hopper_registers else sequential)
         if recipe.lead and not recipe.beside_prepare:  # the segment-state pass is its programmatic dependent
-            launches.append((sequential, recipe.lead_grid, "lead", recipe.lead_meta, (spec, "lead")))
+            launches.append(lead)
         launches.append((segment_state, recipe.segment_state_grid, "segment_state", recipe.segment_state_meta,
                          (spec, True)))
         if not recipe.lead:  # the lead form's output pass scans the segment states itself
@@ -649,9 +650,8 @@ def _recipe(
     elif varlen:  # segment slots: at most total // segment_tokens + num_seqs (kernels._sequence_of)
         segments_per_seq, segment_tokens = 1, segment_chunks * CHUNK
         max_segments = -(-total // segment_tokens) + num_seqs
-    else:  # beside_prepare: the first segment takes what the others leave (kernels._segment's FIRST_TAKES_REST)
-        segments_per_seq = (1 + -(-(chunks_per_seq - plan.first_chunks) // segment_chunks) if plan.beside_prepare
-                            else -(-chunks_per_seq // segment_chunks))
+    else:  # the plan's count (beside_prepare: the first segment takes what the others leave, FIRST_TAKES_REST)
+        segments_per_seq = plan.segments
         max_segments, segment_tokens = num_seqs * segments_per_seq, segment_chunks * CHUNK
     lead = plan.lead  # batch rows only (no lead_tiles for packed ones), cut into three segments or more
     beside_prepare = plan.beside_prepare  # the lead launched first, the prepare pass beside it (ready_flags)

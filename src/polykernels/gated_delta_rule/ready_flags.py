@@ -28,6 +28,13 @@ first and lets the segment-state pass start at once as its programmatic dependen
 for there; only the dependent's last program waits for every leading program (``end_after_leader``),
 so that the output pass after it reads the first segments' end states. Nothing waits for a later
 launch, so launches that run one after the other finish too.
+
+Where that lead also runs beside the prepare pass (``launch.HOPPER_LEAD_BESIDE_PREPARE``), both uses
+meet: the lead is launched first and waits for each chunk's flag, the prepare pass is its programmatic
+dependent and raises them, and the segment-state pass, the prepare pass's programmatic dependent,
+waits for its chunks' flags (raised by then) and its last program for the lead. Three counters follow
+the flags there: the prepare pass's (which waits for no one), the lead's, the segment states'. Like the
+passes side by side, this form waits for a later launch and is kept to where launches may overlap.
 """
 
 from __future__ import annotations
