@@ -44,6 +44,12 @@ segment states from that end state up to its own segment (``_scan_from_lead``: t
 scan, without a launch of its own between the passes). The first segment takes no SMs in the second
 wave, so the same SMs hold one segment more per sequence, each shorter.
 
+Packed sequences (VARLEN) run the same form: the lead takes each sequence's first segment slot
+(kernels._sequence_of), and the passes after it number only the segments after each sequence's first
+(kernels._segment's AFTER_FIRST: at most T // SEG_TOKENS of them whatever the lengths, so no program is
+left for a first segment's slot). A packed sequence of one segment is its lead alone, which stores its
+final state.
+
 Where launches may run side by side (launch.concurrent_passes_allowed) and the plan estimates it shorter,
 the lead runs beside the prepare pass too (launch.HOPPER_LEAD_BESIDE_PREPARE): LEAD with AWAIT is launched
 first and waits for each chunk's ready flag, the prepare pass is its programmatic dependent on the other
@@ -78,7 +84,7 @@ from polykernels.gated_delta_rule.hopper_kernels import (
 )
 
 # Scalar arithmetic only (no layouts), so the Triton helper serves Gluon kernels too.
-from polykernels.gated_delta_rule.kernels import _bad_rows, _segment
+from polykernels.gated_delta_rule.kernels import _bad_rows, _first_slot, _segment
 from polykernels.gated_delta_rule.ready_flags import await_flag, count_done, end_after_leader, launch_dependents
 
 # A quiet NaN's bits: a NaN constant would differ from itself in Triton's check of a kernel's globals.
@@ -358,7 +364,6 @@ def gdn_recurrence_hopper_rs_kernel(
                      "segment states wait for ready flags only after a lead beside the prepare pass")
     gl.static_assert(not (FROM_V and (AWAIT or SEGMENT_STATE)), "FROM_V: uncut output passes only")
     gl.static_assert(not (LEAD and (SEGMENT_STATE or FROM_V or AFTER_LEAD)), "LEAD: an output pass")
-    gl.static_assert(not ((LEAD or AFTER_LEAD) and VARLEN), "a lead segment is numbered by batch row")
     state_l: gl.constexpr = _mma_layout(BK, WARPS)  # h^T: BV x K
     chunk_l: gl.constexpr = _mma_layout(BT, WARPS)  # v_new^T, o^T: BV x BT
     # Left operands from registers: an accumulator's registers are already the operand's.
@@ -377,16 +382,19 @@ def gdn_recurrence_hopper_rs_kernel(
 
     i_col = gl.program_id(0)
     i_s = gl.program_id(1).to(gl.int64)
-    if LEAD:  # each sequence's first segment
-        i_s = i_s * SEGS_PER_SEQ
-    if AFTER_LEAD:  # each sequence's segments after its first (which the LEAD launch ran), here numbered apart
-        # (and, for segment states, before its last, which has none to form)
+    if LEAD:  # each sequence's first segment (a packed one's first slot: kernels._sequence_of)
+        i_s = _first_slot(gl.load(CU + i_s).to(gl.int64), i_s, SEG_TOKENS) if VARLEN else i_s * SEGS_PER_SEQ
+    if AFTER_LEAD and not VARLEN:  # each sequence's segments after its first (which the LEAD launch ran), here
+        # numbered apart (and, for segment states, before its last, which has none to form)
         runs = SEGS_PER_SEQ - 2 if SEGMENT_STATE else SEGS_PER_SEQ - 1
         i_s = (i_s // runs) * SEGS_PER_SEQ + 1 + i_s % runs
     i_hv = gl.program_id(2).to(gl.int64)
     i_h = i_hv // (HV // H)
+    # Packed sequences after a lead: the programs number only the segments after each sequence's first.
     n, j, count, start, end, valid = _segment(i_s, CU, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN, LOG_N,
-                                              FIRST_TAKES_REST, BT)
+                                              FIRST_TAKES_REST, BT, AFTER_LEAD and VARLEN)
+    if AFTER_LEAD and VARLEN:
+        i_s = i_s + n + 1  # the segment's slot (h_local's, the scan's)
     k_idx = gl.arange(0, BK, layout=k_cols)
     if SEGMENT_STATE:  # the transition programs start from their tile of the identity's transpose
         end, is_transition, col0, cols, u_limit = _segment_state_columns(i_col, j, count, start, end, NV, BV, V,
@@ -397,14 +405,19 @@ def gdn_recurrence_hopper_rs_kernel(
         cols = col0 + gl.arange(0, BV, layout=v_rows)
         u_limit = V
         if AFTER_LEAD:  # the scan over the segments before this one (no combine pass in the lead form)
-            state = _scan_from_lead(HLOC_ptr, M_ptr, n * SEGS_PER_SEQ, j, i_hv, col0, HV, K, V, BV, DOT_PRECISION,
-                                    state_l)
+            if VARLEN:  # from the sequence's first slot; a slot that runs nothing scans nothing
+                state = _scan_from_lead(HLOC_ptr, M_ptr, i_s - j, gl.where(valid, j, 1), i_hv, col0, HV, K, V, BV,
+                                        DOT_PRECISION, state_l)
+            else:
+                state = _scan_from_lead(HLOC_ptr, M_ptr, n * SEGS_PER_SEQ, j, i_hv, col0, HV, K, V, BV,
+                                        DOT_PRECISION, state_l)
         # The state is stored K x V: h^T's element (v, k) sits at k * V + v.
         tile = k_idx[None, :] * V + cols[:, None]
         tile_mask = (k_idx[None, :] < K) & (cols[:, None] < V) & valid
         if not AFTER_LEAD:
-            if HAS_INITIAL:
-                state = gl.load(HINIT_ptr + (i_s * HV + i_hv) * K * V + tile, mask=tile_mask, other=0.0)
+            if HAS_INITIAL:  # a segment's initial state (the sequence's, for a lead)
+                state = gl.load(HINIT_ptr + ((n if LEAD else i_s) * HV + i_hv) * K * V + tile, mask=tile_mask,
+                                other=0.0)
             else:
                 state = gl.zeros([BV, BK], gl.float32, layout=state_l)
 
@@ -494,10 +507,11 @@ def gdn_recurrence_hopper_rs_kernel(
     if SEGMENT_STATE:  # h^T and M^T: the tile's K index runs along its columns
         _store_segment_state(HLOC_ptr, M_ptr, state, k_idx[None, :], cols[:, None], (i_s * HV + i_hv) * K, valid,
                              is_transition, K, V)
-    elif LEAD:  # its end state, where the output programs of the sequence's other segments start their scan
-        gl.store(HLOC_ptr + (i_s * HV + i_hv) * K * V + tile, state, mask=tile_mask)
-    elif STORE_FINAL:
-        gl.store(HT_ptr + (n * HV + i_hv) * K * V + tile, state, mask=tile_mask & (j == count - 1))
+    else:
+        if LEAD:  # its end state, where the output programs of the sequence's other segments start their scan
+            gl.store(HLOC_ptr + (i_s * HV + i_hv) * K * V + tile, state, mask=tile_mask)
+        if STORE_FINAL:  # (a lead's where a packed sequence is one segment)
+            gl.store(HT_ptr + (n * HV + i_hv) * K * V + tile, state, mask=tile_mask & (j == count - 1))
     # The done counters: after the ready flags where there are flags (the prepare pass's count, the leading
     # output pass's, then the segment states'), else at FLAGS (the segment states', the lead's).
     if AWAIT:

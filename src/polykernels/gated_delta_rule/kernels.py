@@ -57,19 +57,24 @@ def _nan():
 
 
 @triton.jit
-def _sequence_of(CU, i, N, SPAN, LOG_N: tl.constexpr):
+def _sequence_of(CU, i, N, SPAN, LOG_N: tl.constexpr, AFTER_FIRST: tl.constexpr = False):
     """The packed sequence whose slots hold slot i: the largest n < N with CU[n] // SPAN + n <= i.
 
     Packed sequences number their chunks (SPAN = BT) and segments (SPAN = the segment's tokens) by
     slots read straight off the boundaries: sequence n's first slot is CU[n] // SPAN + n, and it
     takes max(ceil(len_n / SPAN), 1) of them. Those never overlap (ceil((b - a) / S) <= b // S -
     a // S + 1), there are at most T // SPAN + N, and no kernel has to count the sequences' chunks
-    before the passes start. Binary search over the non-decreasing boundaries."""
+    before the passes start. Binary search over the non-decreasing boundaries.
+
+    AFTER_FIRST: the segments after each sequence's first, numbered from CU[n] // SPAN (the largest n
+    with CU[n] // SPAN <= i): by the same bound they never overlap either, and there are at most
+    T // SPAN of them (``_segment``)."""
     lo = i * 0
     hi = lo + N - 1
     for _ in tl.static_range(LOG_N):
         mid = (lo + hi + 1) // 2
-        ok = _first_slot(tl.load(CU + mid).to(tl.int64), mid, SPAN) <= i
+        bos = tl.load(CU + mid).to(tl.int64)
+        ok = (bos // SPAN if AFTER_FIRST else _first_slot(bos, mid, SPAN)) <= i
         lo = tl.where(ok, mid, lo)
         hi = tl.where(ok, hi, mid - 1)
     return lo
@@ -83,19 +88,24 @@ def _first_slot(bos, n, SPAN):
 
 @triton.jit
 def _segment(i_s, CU, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN: tl.constexpr, LOG_N: tl.constexpr,
-             FIRST_TAKES_REST: tl.constexpr = False, BT: tl.constexpr = 64):
+             FIRST_TAKES_REST: tl.constexpr = False, BT: tl.constexpr = 64, AFTER_FIRST: tl.constexpr = False):
     """(sequence, index in it, its segment count, first token, end token, valid) of segment i_s.
 
     FIRST_TAKES_REST (batch rows): every segment after the first has SEG_TOKENS, the last ending at the
     sequence's last chunk (of BT tokens), and the first takes the chunks they leave, more than SEG_TOKENS
-    (launch.plan_segments' lead beside the prepare pass); otherwise the last is the one that differs."""
+    (launch.plan_segments' lead beside the prepare pass); otherwise the last is the one that differs.
+    AFTER_FIRST (packed sequences): i_s numbers only the segments after each sequence's first
+    (``_sequence_of``); that of sequence n is slot i_s + n + 1."""
     if VARLEN:
-        n = _sequence_of(CU, i_s, N, SEG_TOKENS, LOG_N)
+        n = _sequence_of(CU, i_s, N, SEG_TOKENS, LOG_N, AFTER_FIRST)
         bos = tl.load(CU + n).to(tl.int64)
         eos = tl.load(CU + n + 1).to(tl.int64)
         first, count = _segments_of(bos, eos, n, SEG_TOKENS)
+        if AFTER_FIRST:  # its j-th segment (j >= 1) is number bos // SEG_TOKENS + j - 1 here, slot first + j
+            i_s = i_s + n + 1
         valid = i_s - first < count
     else:
+        tl.static_assert(not AFTER_FIRST, "batch rows number their segments after the first in the kernel")
         n = i_s // SEGS_PER_SEQ
         first = n * SEGS_PER_SEQ
         count = i_s * 0 + SEGS_PER_SEQ

@@ -64,7 +64,7 @@ def plan_segments(
     num_seqs: int, total_tokens: int, value_heads: int, sm_count: int, num_segments: int | None = None,
     *, key_dim: int = 128, value_dim: int = 128, register_tiles: Collection[int] = (),
     register_pairs: Collection[int] = (), concurrent_tiles: Mapping[int, int] | None = None,
-    lead_tiles: Mapping[int, int] | None = None, lead_rates: LeadRates | None = None,
+    lead_tiles: Mapping[int, int] | None = None, lead_rates: LeadRates | None = None, packed: bool = False,
 ) -> SegmentPlan:
     """The V tile and the segments per sequence, from (N, HV, T, K, V, SMs).
 
@@ -87,11 +87,13 @@ def plan_segments(
     heads: 64 programs where 32-column tiles made 128 that ran after the prepare pass).
     ``lead_tiles``: the V tiles at which the device can run a cut sequence's first segment (whose
     initial state is known) as an output pass beside the segment-state pass of its other segments
-    (``lead``; batch rows, not packed sequences), each with the least chunks per segment it is taken
-    for: the output pass after them then holds one segment fewer, so each sequence takes one segment
-    more in the same wave, each shorter (the form is taken only where it buys that segment, or where
-    ``num_segments`` forces the count). With K = V the segment-state pass holds as many SMs as
-    before (its two programs per SM, one value and one transition tile per output program).
+    (``lead``), each with the least chunks per segment it is taken for: the output pass after them then
+    holds one segment fewer, so each sequence takes one segment more in the same wave, each shorter (the
+    form is taken only where it buys that segment, or where ``num_segments`` forces the count). With
+    K = V the segment-state pass holds as many SMs as before (its two programs per SM, one value and one
+    transition tile per output program). ``packed``: the sequences are packed (``cu_seqlens``), of
+    lengths the plan does not know: the lead form's segments are then the shortest whose later
+    segments fill one wave whatever the lengths (``_packed_lead_chunks``).
     ``lead_rates``: where the lead form can also start beside the prepare pass (HOPPER_LEAD_BESIDE_PREPARE):
     taken where those rates estimate it at least LEAD_BESIDE_GAIN shorter (``_lead_beside_prepare``), with
     the first segment the longer one.
@@ -109,6 +111,7 @@ def plan_segments(
     programs = num_seqs * value_heads * -(-value_dim // block_v)
     least = (lead_tiles or {}).get(block_v)  # the lead form's least chunks per segment at this tile
     one_more = False  # the lead form takes the first segment out of the second wave: one segment more
+    packed_chunks = 0  # packed sequences in the lead form: chunks per segment (_packed_lead_chunks)
     if num_segments is not None:
         segments, why = num_segments, f"{num_segments} segments per sequence requested"
     elif 2 * programs > sm_count:
@@ -116,11 +119,21 @@ def plan_segments(
     else:
         # At most one wave: 9 segments of 16 programs (144 for 132 SMs) ran 18% slower than 8.
         segments = max(1, min(sm_count // programs, chunks // MIN_SEGMENT_CHUNKS))
-        one_more = (least is not None and segments >= 2
+        one_more = (least is not None and segments >= 2 and not packed
                     and -(-chunks // (segments + 1)) >= max(least, MIN_SEGMENT_CHUNKS))
         segments += int(one_more)
         why = (f"{programs} sequential programs (N x HV x V/{block_v}) for {sm_count} SMs: {segments} segments "
                f"of >= {MIN_SEGMENT_CHUNKS} chunks per sequence")
+        if packed and least is not None and segments >= 2:
+            # Packed sequences: their average length does not say how many segments run. Where the lead form's
+            # bound gives shorter segments than the plan without it, the form buys them.
+            shorter = _packed_lead_chunks(num_seqs, total_tokens, programs, sm_count, max(least, MIN_SEGMENT_CHUNKS))
+            one_more = shorter is not None and shorter < -(-chunks // segments)
+            if one_more:
+                packed_chunks, segments = shorter, -(-chunks // shorter)
+                why = (f"{programs} sequential programs (N x HV x V/{block_v}) for {sm_count} SMs: packed sequences "
+                       f"in segments of {shorter} chunks, those after each sequence's first in one wave whatever the "
+                       "lengths")
     if fewer_waves and not wide_anyway:
         why += (f"; {wide}-column V tiles: {wide_waves} wave(s) of register-state programs where {narrow}-column "
                 f"ones take {narrow_waves}")
@@ -140,7 +153,7 @@ def plan_segments(
         warpgroups = 2
         why += (f"; two {block_v}-column tiles per register-state program: {pairs} programs, each chunk's tiles "
                 "copied once for both")
-    segment_chunks = -(-chunks // segments)
+    segment_chunks = packed_chunks or -(-chunks // segments)
     count = -(-chunks // segment_chunks)  # what runs: fewer where whole chunks cannot make ``segments``
     if count != segments:
         why += f"; {count} segments of {segment_chunks} chunks run"
@@ -162,6 +175,24 @@ def plan_segments(
             f"others' segment-state pass ({count - 1} of {rest} chunks; {estimate})")
     return SegmentPlan(segments=count, segment_chunks=rest, block_v=block_v, reason=why, warpgroups=warpgroups,
                        lead=True, beside_prepare=True, first_chunks=first)
+
+
+def _packed_lead_chunks(num_seqs: int, total_tokens: int, programs: int, sm_count: int, least: int) -> int | None:
+    """The lead form's chunks per segment for packed sequences of unknown lengths: the fewest (at least
+    ``least``) whose segments after each sequence's first fit one wave of the output pass however the
+    ``total_tokens`` are split (None where that would need segments longer than any sequence's).
+
+    A sequence of l tokens takes ceil(l / s) segments of s tokens, so those after the first number at most
+    (total_tokens - num_seqs) // s over all sequences; each takes programs // num_seqs programs (HV x V
+    tiles). The segment-state pass beside the lead takes as many SMs (K = V: its two programs per SM, one
+    value and one transition tile per output program)."""
+    per_segment = max(1, programs // num_seqs)
+    fits = sm_count // per_segment  # segments after the first, all sequences together, in one wave
+    if fits < 1:
+        return None
+    # The least s with (total_tokens - num_seqs) // (CHUNK s) <= fits.
+    chunks = max(least, (total_tokens - num_seqs) // (CHUNK * (fits + 1)) + 1)
+    return chunks if chunks * CHUNK < total_tokens else None
 
 
 class LeadRates(NamedTuple):
@@ -342,7 +373,7 @@ HOPPER_CONCURRENT: Mapping[int, tuple[int, int]] = types.MappingProxyType({128: 
 # us, sequential 366 -> 409); the one-warpgroup form lost (1x8192 16/64 +7%, 8x1024 +8%), BENCHMARKS.md
 # "twenty-sixth set".
 HOPPER_PAIRS_FROM_V = True
-# Cut sequences (batch rows, not packed sequences) on sm_90, per V tile of HOPPER_REGISTER_STAGES and
+# Cut sequences on sm_90, per V tile of HOPPER_REGISTER_STAGES and
 # HOPPER_REGISTER_SEGMENT_STAGES, for segments of at least this many chunks: each sequence's first
 # segment runs its output pass (the register-state pass) beside the segment-state pass of its other
 # segments, as that launch's leader, and the sequence takes one segment more (plan_segments'
@@ -352,7 +383,9 @@ HOPPER_PAIRS_FROM_V = True
 # output programs run the scan over segments themselves (no combine pass): 1x32768 2/8 -3.1% more,
 # 1x65536 2/8 -2.5%, 1x32768 4/16 -2.0%; against the form without the lead, 1x8192 -9.8% (segments of
 # 15 chunks), 1x6144 -11.6% (11), 1x4096 -7.0% (8), so from 8 chunks, MIN_SEGMENT_CHUNKS, where the form
-# buys a segment. An empty table turns it off.
+# buys a segment. Since the thirty-first set packed sequences too (plan_segments' packed bound, the passes after
+# the lead numbering only the segments after each sequence's first): varlen 6144+2048 2/8 -8.4% (segments of 15
+# chunks where the form without it runs 16, and no combine pass). An empty table turns it off.
 HOPPER_LEAD_SEGMENT: Mapping[int, int] = types.MappingProxyType({64: 8})
 # Where launches may run side by side (concurrent_passes_allowed) and the prepare pass is the Gluon one, per
 # K: the lead form's first segments start beside the prepare pass (their output pass launched first, waiting
@@ -632,14 +665,15 @@ def _recipe(
     sm_count = platform.sm_count(device)
     lead_tiles = ({tile: least for tile, least in lead_segment
                    if tile in dict(hopper_register_stages) and tile in dict(hopper_register_segment_stages)}
-                  if on_hopper and not varlen else None)
+                  if on_hopper else None)
     plan = plan_segments(num_seqs, total, value_heads, sm_count, num_segments, key_dim=key_dim,
                          value_dim=value_dim, register_tiles=dict(hopper_register_stages) if on_hopper else (),
                          register_pairs=dict(hopper_register_pairs) if on_hopper else (),
                          concurrent_tiles={tile: beside[0] for tile in dict(hopper_register_stages)} if beside
                          else None, lead_tiles=lead_tiles,
                          lead_rates=(dict(lead_beside_prepare).get(key_dim)
-                                     if gluon_prepare and concurrent_passes_allowed() else None))
+                                     if gluon_prepare and not varlen and concurrent_passes_allowed() else None),
+                         packed=varlen)
     segment_chunks = plan.segment_chunks if plan.segments > 1 else 0
     block_k, block_v = _block(key_dim), plan.block_v * plan.warpgroups
     precision = guards.dot_precision(fp32_inputs=dtype == torch.float32)
@@ -653,7 +687,10 @@ def _recipe(
     else:  # the plan's count (beside_prepare: the first segment takes what the others leave, FIRST_TAKES_REST)
         segments_per_seq = plan.segments
         max_segments, segment_tokens = num_seqs * segments_per_seq, segment_chunks * CHUNK
-    lead = plan.lead  # batch rows only (no lead_tiles for packed ones), cut into three segments or more
+    lead = plan.lead  # cut into three segments or more (packed sequences: on average)
+    # lead: the passes after it take the segments after each sequence's first, of packed sequences at most
+    # total // segment_tokens (kernels._sequence_of's AFTER_FIRST numbering).
+    after_lead = (max(1, total // segment_tokens) if varlen else num_seqs * (segments_per_seq - 1)) if lead else 0
     beside_prepare = plan.beside_prepare  # the lead launched first, the prepare pass beside it (ready_flags)
     combine = dict(combine_launch)
     combine_bv = min(combine["block_v"], _block(value_dim))
@@ -726,10 +763,12 @@ def _recipe(
         # lead: each sequence's first segment (its output pass), the segment states of those between its
         # first and last, the output pass of those after its first.
         lead_grid=(value_tiles, num_seqs, value_heads),
-        lead_meta={**recurrence, "HAS_INITIAL": has_initial, "SEGMENT_STATE": False, "STORE_FINAL": False,
+        # A packed sequence may be one segment: its lead stores its final state too.
+        lead_meta={**recurrence, "HAS_INITIAL": has_initial, "SEGMENT_STATE": False,
+                   "STORE_FINAL": output_final_state and varlen,
                    **recurrence_tail, "LEAD": True, "AFTER_LEAD": False, "AWAIT": beside_prepare},
         segment_state_grid=(value_tiles + -(-key_dim // block_v),
-                            num_seqs * (segments_per_seq - 2) if lead else max_segments, value_heads),
+                            (after_lead - (0 if varlen else num_seqs)) if lead else max_segments, value_heads),
         segment_state_meta={**recurrence, "HAS_INITIAL": False, "SEGMENT_STATE": True, "STORE_FINAL": False,
                             **segment_tail},
         combine_grid=(-(-value_dim // combine_bv), num_seqs, value_heads),
@@ -737,7 +776,7 @@ def _recipe(
                       "KB": combine_operator_block(block_k, combine["whole_k"]), "HAS_INITIAL": has_initial,
                       "VARLEN": varlen, "DOT_PRECISION": precision,
                       "num_warps": combine["num_warps"], "num_stages": combine["num_stages"]},
-        recurrence_grid=(value_tiles, num_seqs * (segments_per_seq - 1) if lead else max_segments, value_heads),
+        recurrence_grid=(value_tiles, after_lead or max_segments, value_heads),
         recurrence_meta={**recurrence, "HAS_INITIAL": has_initial or bool(segment_chunks), "SEGMENT_STATE": False,
                          "STORE_FINAL": output_final_state, **recurrence_tail},
         hopper=hopper,

@@ -198,22 +198,26 @@ register(KernelSpec(
 # segment-state pass of the segments after it as that launch's programmatic dependent, and the output
 # pass of the segments after the first (AFTER_LEAD), each program scanning the segment states up to its own.
 # Also the form beside the prepare pass (launch.HOPPER_LEAD_BESIDE_PREPARE): the lead and the segment states
-# waiting for ready flags, the first segment the longer one in all three.
-for _name, _lead, _segment_state, _beside in (
-    ("gdn_recurrence_hopper_rs_lead", True, False, False),
-    ("gdn_segment_state_hopper_rs_after_lead", False, True, False),
-    ("gdn_recurrence_hopper_rs_after_lead", False, False, False),
-    ("gdn_recurrence_hopper_rs_lead_beside_prepare", True, False, True),
-    ("gdn_segment_state_hopper_rs_after_lead_beside_prepare", False, True, True),
-    ("gdn_recurrence_hopper_rs_after_lead_beside_prepare", False, False, True),
+# waiting for ready flags, the first segment the longer one in all three; and packed sequences' form (the lead
+# at each sequence's first slot, the passes after it over every slot).
+for _name, _lead, _segment_state, _beside, _packed in (
+    ("gdn_recurrence_hopper_rs_lead", True, False, False, False),
+    ("gdn_segment_state_hopper_rs_after_lead", False, True, False, False),
+    ("gdn_recurrence_hopper_rs_after_lead", False, False, False, False),
+    ("gdn_recurrence_hopper_rs_lead_beside_prepare", True, False, True, False),
+    ("gdn_segment_state_hopper_rs_after_lead_beside_prepare", False, True, True, False),
+    ("gdn_recurrence_hopper_rs_after_lead_beside_prepare", False, False, True, False),
+    ("gdn_recurrence_hopper_rs_lead_packed", True, False, False, True),
+    ("gdn_segment_state_hopper_rs_after_lead_packed", False, True, False, True),
+    ("gdn_recurrence_hopper_rs_after_lead_packed", False, False, False, True),
 ):
     register(KernelSpec(
         name=_name, module="polykernels.gated_delta_rule.hopper_register_kernels",
         function="gdn_recurrence_hopper_rs_kernel",
         signature={**_RS_SIGNATURE, **_constexpr("FROM_V", "LEAD", "AFTER_LEAD", "FIRST_TAKES_REST")},
-        constexprs={**_SHAPE, "V": 128, "BV": _WIDE_BV, "NV": 128 // _WIDE_BV, "VARLEN": False, "LOG_N": 1,
-                    "HAS_INITIAL": not _segment_state, "SEGMENT_STATE": _segment_state,
-                    "STORE_FINAL": not (_segment_state or _lead),
+        constexprs={**_SHAPE, "V": 128, "BV": _WIDE_BV, "NV": 128 // _WIDE_BV, "VARLEN": _packed,
+                    "LOG_N": 4 if _packed else 1, "HAS_INITIAL": not _segment_state, "SEGMENT_STATE": _segment_state,
+                    "STORE_FINAL": not _segment_state and (_packed or not _lead),
                     "STAGES": (HOPPER_REGISTER_SEGMENT_STAGES if _segment_state else HOPPER_REGISTER_STAGES)[_WIDE_BV],
                     "AWAIT": _beside and (_lead or _segment_state), "FROM_V": False, "LEAD": _lead,
                     "AFTER_LEAD": not _lead, "FIRST_TAKES_REST": _beside},

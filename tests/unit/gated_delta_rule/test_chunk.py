@@ -210,8 +210,9 @@ def test_segment_plan_takes_wide_tiles_for_fewer_waves_with_the_register_state_p
 
 
 def _sm90_recipe(monkeypatch: pytest.MonkeyPatch, batch: int, tokens: int, heads: int, value_heads: int,
-                 num_segments: int | None):
-    """launch._recipe for bf16 K = V = 128 inputs on an sm_90 of 132 SMs, with the launch tables as they are."""
+                 num_segments: int | None, packed: int | None = None):
+    """launch._recipe for bf16 K = V = 128 inputs on an sm_90 of 132 SMs, with the launch tables as they are
+    (``packed``: that many sequences packed in one batch row of ``tokens``, int32 cu_seqlens)."""
     from polykernels import platform
     from polykernels.gated_delta_rule import launch
     from polykernels.platform import Platform
@@ -220,8 +221,9 @@ def _sm90_recipe(monkeypatch: pytest.MonkeyPatch, batch: int, tokens: int, heads
     monkeypatch.setattr(platform, "sm_count", lambda device: 132)
     seen = Platform(backend="cuda", arch="sm_90", device_name=None, warp_size=32, runtime_version=None)
     return launch._recipe(
-        torch.Size([batch, tokens, heads, 128]), torch.Size([batch, tokens, value_heads, 128]), torch.bfloat16, None,
-        batch, False, True, False, num_segments, torch.device("cpu"), seen, *launch.launch_tables(128))
+        torch.Size([batch, tokens, heads, 128]), torch.Size([batch, tokens, value_heads, 128]), torch.bfloat16,
+        None if packed is None else torch.int32, batch if packed is None else packed, False, True, False,
+        num_segments, torch.device("cpu"), seen, *launch.launch_tables(128))
 
 
 def test_segment_plan_runs_the_passes_side_by_side_where_wide_tiles_leave_half_the_sms() -> None:
@@ -377,6 +379,76 @@ def test_lead_recipe_launches_the_segment_states_as_the_first_segments_dependent
     off = _sm90_recipe(monkeypatch, 1, 32768, 2, 8, None)
     assert not off.lead and off.segments_per_seq == 8 and off.recurrence_grid == (2, 8, 8)
     assert not off.recurrence_meta["AFTER_LEAD"]
+    assert [name for _, _, name, _, _ in launch._launches(off, launch._launchers(), ())] == [
+        "prepare", "segment_state", "combine", "recurrence"]
+
+
+def test_segment_plan_takes_the_lead_for_packed_sequences_where_its_bound_gives_shorter_segments() -> None:
+    # Packed sequences (varlen 6144+2048, 2/8 heads): the plan knows only their number and total. Without the
+    # lead form, 4 segments of the average 64 chunks (16 each); with it, the segments after each sequence's
+    # first must fit one wave whatever the lengths: 15 chunks (at most 8 x 16 programs for 132 SMs).
+    from polykernels.gated_delta_rule.launch import CHUNK, _packed_lead_chunks, plan_segments
+
+    lead = {"register_tiles": (64,), "lead_tiles": {64: 8}}
+    plain = plan_segments(2, 8192, 8, 132, register_tiles=(64,))
+    packed = plan_segments(2, 8192, 8, 132, packed=True, **lead)
+    assert (plain.segment_chunks, plain.lead) == (16, False)
+    assert (packed.segment_chunks, packed.lead, packed.segments) == (15, True, 5)
+    assert "packed sequences in segments of 15 chunks" in packed.reason
+    # Batch rows of the same average length take the average's segments (13 chunks: 4 + 1 segments of 64).
+    assert plan_segments(2, 8192, 8, 132, **lead).segment_chunks == 13
+    # The bound holds for any split of the tokens, empty and one-token sequences among them.
+    for total, seqs, heads in ((8192, 2, 8), (8192, 3, 8), (16384, 2, 8), (32768, 4, 4), (20000, 2, 16)):
+        per_segment = 2 * heads  # HV x V/64 programs per segment
+        chunks = _packed_lead_chunks(seqs, total, seqs * per_segment, 132, 8)
+        tokens = chunks * CHUNK
+        for cuts in itertools.combinations(sorted({0, 1, 63, 64, 65, tokens - 1, tokens, tokens + 1, total // 3,
+                                                   total // 2, total - 1, total}), seqs - 1):
+            bounds = [0, *cuts, total]
+            lengths = [b - a for a, b in itertools.pairwise(bounds) if b >= a]
+            if len(lengths) != seqs:
+                continue
+            after_first = sum(max(-(-length // tokens), 1) - 1 for length in lengths)
+            assert after_first * per_segment <= 132, (total, seqs, heads, lengths, chunks)
+        # ... and the next shorter segments do not (the bound is the least that holds).
+        if chunks > 8:
+            shorter = (chunks - 1) * CHUNK
+            assert (total - seqs) // shorter * per_segment > 132
+    # Not where the bound is no shorter than the plan without it (2 x 2048: 8 chunks either way), nor uncut.
+    assert not plan_segments(2, 4096, 8, 132, packed=True, **lead).lead
+    assert not plan_segments(8, 8192, 8, 132, packed=True, **lead).lead
+    # A forced count keeps the average's segments, the lead form from three on.
+    forced = plan_segments(2, 8192, 8, 132, num_segments=4, packed=True, **lead)
+    assert (forced.segment_chunks, forced.lead) == (16, True)
+
+
+def test_packed_lead_recipe_numbers_the_segments_after_each_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Packed sequences number their segments by slot (kernels._sequence_of): the lead takes each sequence's
+    # first slot; the segment-state and output passes number only the segments after each sequence's first,
+    # at most total // segment tokens of them whatever the lengths (6144+2048 in segments of 960 tokens: 8).
+    from polykernels.gated_delta_rule import launch
+
+    recipe = _sm90_recipe(monkeypatch, 1, 8192, 2, 8, None, packed=2)
+    assert recipe.lead and not recipe.beside_prepare and recipe.segment_chunks == 15
+    order = [(name, meta.get("launch_pdl", False)) for _, _, name, meta, _ in
+             launch._launches(recipe, launch._launchers(), ())]
+    assert order == [("prepare", False), ("lead", False), ("segment_state", True), ("recurrence", False)]
+    slots = -(-8192 // (15 * 64)) + 2  # at most ceil(T / segment tokens) + N (kernels._sequence_of)
+    assert recipe.max_segments == slots and recipe.segments_per_seq == 1
+    assert recipe.lead_grid == (2, 2, 8) and recipe.segment_state_grid == (4, 8, 8)
+    assert recipe.recurrence_grid == (2, 8, 8)  # 128 programs: one wave
+    # A packed sequence may be one segment: its lead stores its final state.
+    assert recipe.lead_meta["VARLEN"] and recipe.lead_meta["STORE_FINAL"] and recipe.lead_meta["LEAD"]
+    assert recipe.segment_state_meta["AFTER_LEAD"] and recipe.recurrence_meta["AFTER_LEAD"]
+    assert not any(meta.get("AWAIT") or meta.get("FIRST_TAKES_REST")
+                   for meta in (recipe.lead_meta, recipe.segment_state_meta, recipe.recurrence_meta))
+    parts = recipe.workspace.parts
+    assert parts[launch._Scratch._fields.index("flags")].shape == (2,)  # the two done counters
+    assert parts[launch._Scratch._fields.index("h_local")].shape == (slots, 8, 128, 128)
+    assert parts[launch._Scratch._fields.index("h_init")].shape == (0, 8, 128, 128)
+    monkeypatch.setattr(launch, "HOPPER_LEAD_SEGMENT", {})  # without the form: 16-chunk segments and a combine
+    off = _sm90_recipe(monkeypatch, 1, 8192, 2, 8, None, packed=2)
+    assert not off.lead and off.segment_chunks == 16
     assert [name for _, _, name, _, _ in launch._launches(off, launch._launchers(), ())] == [
         "prepare", "segment_state", "combine", "recurrence"]
 
@@ -874,8 +946,8 @@ HEAD_START = LeadRates(prepare=0.0, prepare_beside=0.0, first_ready=-10 * 1.58, 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("batch", "tokens", "segments", "initial", "key_dim", "value_dim"), [
     (1, 3000, 3, True, 128, 128), (2, 2000 + 37, 4, False, 128, 128), (1, 1100, 9, True, 128, 128),
-    (1, 2000, 4, True, 64, 100)],
-    ids=["B1-3seg-initial", "B2-tail-chunk-4seg", "B1-9seg-initial", "K64-V100-4seg"])
+    (1, 2000, 4, True, 64, 100), (2, 1500, 3, True, 128, 128)],
+    ids=["B1-3seg-initial", "B2-tail-chunk-4seg", "B1-9seg-initial", "K64-V100-4seg", "B2-3seg-initial"])
 @pytest.mark.parametrize("beside_prepare", [False, True], ids=["after-prepare", "beside-prepare"])
 def test_gpu_lead_segment_beside_the_segment_states(gpu_device: str, monkeypatch: pytest.MonkeyPatch, batch: int,
                                                     tokens: int, segments: int, initial: bool, key_dim: int,
@@ -927,6 +999,59 @@ def test_gpu_lead_segment_beside_the_segment_states(gpu_device: str, monkeypatch
     for got, want, oracle in zip(first, without, exact, strict=True):
         assert relative_rms_error(got, oracle) < BOUND[torch.bfloat16]
         assert relative_rms_error(got, oracle) <= 1.5 * relative_rms_error(want, oracle)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("lengths", "segments", "initial", "key_dim", "value_dim"), [
+    ([1500, 0, 1, 700, 3000], 3, True, 128, 128), ([6144, 2048], None, False, 128, 128),
+    ([37, 2963], 4, True, 64, 100)],
+    ids=["mixed-3seg-initial", "6144+2048-planned", "K64-V100-4seg-initial"])
+def test_gpu_packed_sequences_lead_segment(gpu_device: str, monkeypatch: pytest.MonkeyPatch, lengths: list[int],
+                                           segments: int | None, initial: bool, key_dim: int, value_dim: int) -> None:
+    # Packed sequences in the lead form (launch.HOPPER_LEAD_SEGMENT): each sequence's first segment through the
+    # lead at its first slot, the passes after it over every slot. Sequences of one segment (the lead stores
+    # their final state: 1 token, 0 tokens, 37 tokens), of two (no segment state) and more, with 64-column V
+    # tiles (two packed sequences: three would take 32-column ones at V = 100); against the fp64
+    # recurrence no further from it than the passes without the form; the Python path, the replayed launch
+    # program and a CUDA graph give the same bits. "planned": the plan's own segments (15 chunks on 132 SMs).
+    if torch.cuda.get_device_capability(gpu_device) != (9, 0):
+        pytest.skip("the register-state passes run on sm_90 only")
+    from polykernels import _programs, platform
+    from polykernels._programs import Zero
+    from polykernels.gated_delta_rule import launch
+
+    monkeypatch.setattr(launch, "HOPPER_LEAD_SEGMENT", {64: 1})  # segments of any length
+    inputs = make_inputs(1, sum(lengths), 2, 8, key_dim, value_dim, torch.bfloat16, device=gpu_device)
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=gpu_device)
+    h0 = torch.randn(len(lengths), 8, key_dim, value_dim, device=gpu_device) if initial else None
+    registered = _registered_programs(monkeypatch)
+
+    def public():
+        return chunk_gated_delta_rule(*inputs, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                                      num_segments=segments)
+
+    first, replayed = public(), public()
+    recipe = launch._recipe(inputs[0].shape, inputs[2].shape, torch.bfloat16, torch.int32, len(lengths), initial,
+                            True, False, segments, inputs[0].device, platform.current(),
+                            *launch.launch_tables(key_dim))
+    assert recipe.lead and not recipe.beside_prepare and recipe.lead_meta["VARLEN"]
+    if _programs.enabled():  # the counters zeroed, then prepare, lead, segment states (dependent), outputs
+        (steps,) = registered
+        assert isinstance(steps[0], Zero) and len(steps) == 5
+        assert [steps[i].launcher.described(steps[i].spec_key).dependent for i in range(1, 5)] == [
+            False, False, True, False]
+    captured = _replayed_from_a_graph(public)
+    for got in (replayed, captured):
+        assert torch.equal(got[0], first[0]) and torch.equal(got[1], first[1])
+    exact = naive_recurrent_gated_delta_rule(*(t.double() for t in inputs), key_dim**-0.5,
+                                             None if h0 is None else h0.double(), True, cu, False)
+    monkeypatch.setattr(launch, "HOPPER_LEAD_SEGMENT", {})
+    without = launch_chunk_gated_delta_rule(*inputs, key_dim**-0.5, h0, True, cu, False, segments)
+    for got, want, oracle in zip(first, without, exact, strict=True):
+        assert relative_rms_error(got, oracle) < BOUND[torch.bfloat16]
+        assert relative_rms_error(got, oracle) <= 1.5 * relative_rms_error(want, oracle)
+    if h0 is not None and 0 in lengths:  # an empty sequence's final state is its initial state
+        assert torch.equal(first[1][lengths.index(0)], h0[lengths.index(0)])
 
 
 @pytest.mark.gpu
@@ -1036,6 +1161,27 @@ def test_gpu_nan_never_reaches_earlier_tokens_across_a_lead_segment(gpu_device: 
 
 
 @pytest.mark.gpu
+def test_gpu_nan_never_reaches_earlier_tokens_across_a_packed_lead_segment(gpu_device: str,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # The same sequence given as packed (cu_seqlens): the lead at its first slot, the passes after it over
+    # every slot, three segments of six chunks; each side of every boundary.
+    if torch.cuda.get_device_capability(gpu_device) != (9, 0):
+        pytest.skip("the register-state passes run on sm_90 only")
+    from polykernels import platform
+    from polykernels.gated_delta_rule import launch
+
+    monkeypatch.setattr(launch, "HOPPER_LEAD_SEGMENT", {64: 1})
+    cu = torch.tensor([0, 1100], dtype=torch.int32, device=gpu_device)
+    recipe = launch._recipe(torch.Size([1, 1100, 1, 64]), torch.Size([1, 1100, 1, 64]), torch.bfloat16, torch.int32,
+                            1, False, True, False, 3, torch.device(gpu_device), platform.current(),
+                            *launch.launch_tables(64))
+    rest = recipe.segment_tokens
+    assert recipe.lead and recipe.lead_meta["VARLEN"] and rest == 6 * 64
+    _nan_causality(lambda *a: launch_chunk_gated_delta_rule(*a, 0.2, None, True, cu, False, 3), gpu_device,
+                   [0, 100, rest - 1, rest, 2 * rest - 1, 2 * rest, 1099], torch.bfloat16, dim=64, tokens=1100)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_gpu_nan_never_reaches_earlier_tokens_where_pairs_form_v_new(gpu_device: str, monkeypatch: pytest.MonkeyPatch,
                                                                    dtype: torch.dtype) -> None:
@@ -1115,7 +1261,10 @@ def test_kernels_compile_for_amd(target: str) -> None:
                                         "gdn_recurrence_hopper_rs_after_lead",
                                         "gdn_recurrence_hopper_rs_lead_beside_prepare",
                                         "gdn_segment_state_hopper_rs_after_lead_beside_prepare",
-                                        "gdn_recurrence_hopper_rs_after_lead_beside_prepare"}
+                                        "gdn_recurrence_hopper_rs_after_lead_beside_prepare",
+                                        "gdn_recurrence_hopper_rs_lead_packed",
+                                        "gdn_segment_state_hopper_rs_after_lead_packed",
+                                        "gdn_recurrence_hopper_rs_after_lead_packed"}
     assert set(names) == {"gdn_prepare", "gdn_recurrence", "gdn_segment_state", "gdn_combine",
                           "gdn_recurrence_fp32", "gdn_prepare_fp32"}
     for kernel in names:
