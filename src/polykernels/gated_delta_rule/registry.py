@@ -194,7 +194,7 @@ register(KernelSpec(
     allowed=_on_hopper, platform_constexprs=_precision,
     options={"num_warps": 8},
 ))
-# launch.HOPPER_LEAD_SEGMENT (sm_90, cut batch rows): each sequence's first segment's output pass (LEAD), the
+# launch.HOPPER_LEAD_SEGMENT (sm_90, cut sequences): each sequence's first segment's output pass (LEAD), the
 # segment-state pass of the segments after it as that launch's programmatic dependent, and the output
 # pass of the segments after the first (AFTER_LEAD), each program scanning the segment states up to its own.
 # Also the form beside the prepare pass (launch.HOPPER_LEAD_BESIDE_PREPARE): the lead and the segment states
