@@ -199,7 +199,7 @@ register(KernelSpec(
 # pass of the segments after the first (AFTER_LEAD), each program scanning the segment states up to its own.
 # Also the form beside the prepare pass (launch.HOPPER_LEAD_BESIDE_PREPARE): the lead and the segment states
 # waiting for ready flags, the first segment the longer one in all three; and packed sequences' form (the lead
-# at each sequence's first slot, the passes after it over every slot).
+# at each sequence's first slot, the passes after it numbering only the segments after each first).
 for _name, _lead, _segment_state, _beside, _packed in (
     ("gdn_recurrence_hopper_rs_lead", True, False, False, False),
     ("gdn_segment_state_hopper_rs_after_lead", False, True, False, False),

@@ -962,8 +962,7 @@ def test_gpu_lead_segment_beside_the_segment_states(gpu_device: str, monkeypatch
     # the others are shorter, and the first takes the rest).
     if torch.cuda.get_device_capability(gpu_device) != (9, 0):
         pytest.skip("the register-state passes run on sm_90 only")
-    from polykernels import _programs, platform
-    from polykernels._programs import Zero
+    from polykernels import platform
     from polykernels.gated_delta_rule import launch
 
     monkeypatch.setattr(launch, "HOPPER_LEAD_SEGMENT", {64: 1})  # segments of any length
@@ -983,19 +982,34 @@ def test_gpu_lead_segment_beside_the_segment_states(gpu_device: str, monkeypatch
     if beside_prepare:
         first_chunks = -(-tokens // 64) - (segments - 1) * recipe.segment_chunks
         assert first_chunks > recipe.segment_chunks, (first_chunks, recipe.segment_chunks)
-    if _programs.enabled():  # the counters zeroed, then prepare, lead, segment states (dependent), outputs; or the
-        # lead first, then prepare (dependent), segment states (the prepare pass's dependent), outputs
+    # The counters zeroed, then prepare, lead, segment states (dependent), outputs; or the lead first, then
+    # prepare (dependent), segment states (the prepare pass's dependent), outputs.
+    _holds_as_the_lead_form(monkeypatch, public, first, replayed, registered,
+                            [False, True, True, False] if beside_prepare else [False, False, True, False],
+                            inputs, h0, None, segments)
+
+
+def _holds_as_the_lead_form(monkeypatch: pytest.MonkeyPatch, public, first, replayed, registered: list,
+                            dependents: list[bool], inputs, h0, cu, segments: int | None) -> None:
+    """The lead form's common checks: its launch program (the counters zeroed, then four launches, which of
+    them programmatic dependents), the same bits from the Python path, the replayed program and a CUDA graph,
+    and the fp64 recurrence no further from it than from the passes without the form."""
+    from polykernels import _programs
+    from polykernels._programs import Zero
+    from polykernels.gated_delta_rule import launch
+
+    if _programs.enabled():
         (steps,) = registered
         assert isinstance(steps[0], Zero) and len(steps) == 5
-        assert [steps[i].launcher.described(steps[i].spec_key).dependent for i in range(1, 5)] == (
-            [False, True, True, False] if beside_prepare else [False, False, True, False])
+        assert [steps[i].launcher.described(steps[i].spec_key).dependent for i in range(1, 5)] == dependents
     captured = _replayed_from_a_graph(public)
     for got in (replayed, captured):
         assert torch.equal(got[0], first[0]) and torch.equal(got[1], first[1])
+    key_dim = inputs[0].shape[-1]
     exact = naive_recurrent_gated_delta_rule(*(t.double() for t in inputs), key_dim**-0.5,
-                                             None if h0 is None else h0.double(), True, None, False)
+                                             None if h0 is None else h0.double(), True, cu, False)
     monkeypatch.setattr(launch, "HOPPER_LEAD_SEGMENT", {})
-    without = launch_chunk_gated_delta_rule(*inputs, key_dim**-0.5, h0, True, None, False, segments)
+    without = launch_chunk_gated_delta_rule(*inputs, key_dim**-0.5, h0, True, cu, False, segments)
     for got, want, oracle in zip(first, without, exact, strict=True):
         assert relative_rms_error(got, oracle) < BOUND[torch.bfloat16]
         assert relative_rms_error(got, oracle) <= 1.5 * relative_rms_error(want, oracle)
@@ -1009,15 +1023,14 @@ def test_gpu_lead_segment_beside_the_segment_states(gpu_device: str, monkeypatch
 def test_gpu_packed_sequences_lead_segment(gpu_device: str, monkeypatch: pytest.MonkeyPatch, lengths: list[int],
                                            segments: int | None, initial: bool, key_dim: int, value_dim: int) -> None:
     # Packed sequences in the lead form (launch.HOPPER_LEAD_SEGMENT): each sequence's first segment through the
-    # lead at its first slot, the passes after it over every slot. Sequences of one segment (the lead stores
-    # their final state: 1 token, 0 tokens, 37 tokens), of two (no segment state) and more, with 64-column V
-    # tiles (two packed sequences: three would take 32-column ones at V = 100); against the fp64
-    # recurrence no further from it than the passes without the form; the Python path, the replayed launch
+    # lead at its first slot, the passes after it numbering only the segments after each first. Sequences of one
+    # segment (the lead stores their final state: 1 token, 0 tokens, 37 tokens), of two (no segment state) and
+    # more, with 64-column V tiles (two packed sequences: three would take 32-column ones at V = 100); against the
+    # fp64 recurrence no further from it than the passes without the form; the Python path, the replayed launch
     # program and a CUDA graph give the same bits. "planned": the plan's own segments (15 chunks on 132 SMs).
     if torch.cuda.get_device_capability(gpu_device) != (9, 0):
         pytest.skip("the register-state passes run on sm_90 only")
-    from polykernels import _programs, platform
-    from polykernels._programs import Zero
+    from polykernels import platform
     from polykernels.gated_delta_rule import launch
 
     monkeypatch.setattr(launch, "HOPPER_LEAD_SEGMENT", {64: 1})  # segments of any length
@@ -1035,21 +1048,9 @@ def test_gpu_packed_sequences_lead_segment(gpu_device: str, monkeypatch: pytest.
                             True, False, segments, inputs[0].device, platform.current(),
                             *launch.launch_tables(key_dim))
     assert recipe.lead and not recipe.beside_prepare and recipe.lead_meta["VARLEN"]
-    if _programs.enabled():  # the counters zeroed, then prepare, lead, segment states (dependent), outputs
-        (steps,) = registered
-        assert isinstance(steps[0], Zero) and len(steps) == 5
-        assert [steps[i].launcher.described(steps[i].spec_key).dependent for i in range(1, 5)] == [
-            False, False, True, False]
-    captured = _replayed_from_a_graph(public)
-    for got in (replayed, captured):
-        assert torch.equal(got[0], first[0]) and torch.equal(got[1], first[1])
-    exact = naive_recurrent_gated_delta_rule(*(t.double() for t in inputs), key_dim**-0.5,
-                                             None if h0 is None else h0.double(), True, cu, False)
-    monkeypatch.setattr(launch, "HOPPER_LEAD_SEGMENT", {})
-    without = launch_chunk_gated_delta_rule(*inputs, key_dim**-0.5, h0, True, cu, False, segments)
-    for got, want, oracle in zip(first, without, exact, strict=True):
-        assert relative_rms_error(got, oracle) < BOUND[torch.bfloat16]
-        assert relative_rms_error(got, oracle) <= 1.5 * relative_rms_error(want, oracle)
+    # The counters zeroed, then prepare, lead, segment states (dependent), outputs.
+    _holds_as_the_lead_form(monkeypatch, public, first, replayed, registered, [False, False, True, False], inputs,
+                            h0, cu, segments)
     if h0 is not None and 0 in lengths:  # an empty sequence's final state is its initial state
         assert torch.equal(first[1][lengths.index(0)], h0[lengths.index(0)])
 
@@ -1163,8 +1164,8 @@ def test_gpu_nan_never_reaches_earlier_tokens_across_a_lead_segment(gpu_device: 
 @pytest.mark.gpu
 def test_gpu_nan_never_reaches_earlier_tokens_across_a_packed_lead_segment(gpu_device: str,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    # The same sequence given as packed (cu_seqlens): the lead at its first slot, the passes after it over
-    # every slot, three segments of six chunks; each side of every boundary.
+    # The same sequence given as packed (cu_seqlens): the lead at its first slot, the passes after it numbering
+    # the segments after the first, three segments of six chunks; each side of every boundary.
     if torch.cuda.get_device_capability(gpu_device) != (9, 0):
         pytest.skip("the register-state passes run on sm_90 only")
     from polykernels import platform
