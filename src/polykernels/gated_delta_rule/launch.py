@@ -637,6 +637,7 @@ class _Recipe:
     sequential_programs: int  # concurrent: the sequential pass's grid size (ready_flags.end_after_leader)
     workspace: Layout  # every intermediate (_Scratch)
     from_v: bool = False  # HOPPER_PAIRS_FROM_V: the prepare pass stores T, the sequential pass reads v
+    plan: SegmentPlan | None = None  # what plan_segments chose, and why (plan_report)
 
 
 # Per class of call: deciding costs more host time than a launch. The key holds the launch-table
@@ -653,7 +654,9 @@ def _recipe(
     hopper_register_segment_stages: tuple[tuple[int, int], ...], pairs_from_v: bool = False,
     lead_segment: tuple[tuple[int, int], ...] = (),
     lead_beside_prepare: tuple[tuple[int, LeadRates], ...] = (),
+    *, sms: int | None = None,
 ) -> _Recipe:
+    """``sms``: the SM count to plan for, where not the device's (plan_report's preview of a target)."""
     batch, tokens, heads, key_dim = q_shape
     value_heads, value_dim = v_shape[2], v_shape[3]
     varlen, total = cu_dtype is not None, batch * tokens
@@ -662,7 +665,7 @@ def _recipe(
     gluon_prepare = key_dim in caps and on_hopper
     form = dict(hopper_concurrent).get(key_dim)  # (tiles per program, stages) beside the prepare pass
     beside = form if gluon_prepare and not varlen and concurrent_passes_allowed() else None
-    sm_count = platform.sm_count(device)
+    sm_count = sms or platform.sm_count(device)
     lead_tiles = ({tile: least for tile, least in lead_segment
                    if tile in dict(hopper_register_stages) and tile in dict(hopper_register_segment_stages)}
                   if on_hopper else None)
@@ -788,6 +791,7 @@ def _recipe(
         beside_prepare=beside_prepare,
         sequential_programs=value_tiles * max_segments * value_heads if plan.concurrent else 0,
         from_v=from_v,
+        plan=plan,
         workspace=_workspace(total, value_heads, key_dim, value_dim, dtype, max_segments, bool(segment_chunks),
                              flag_count, from_v,
                              combined=not lead),

@@ -1,0 +1,108 @@
+"""What `chunk_gated_delta_rule` runs at one shape: the segment plan and its reason, and the launches in order.
+
+`polykernels info --gdn N,T,H,HV[,K,V]` prints it for this machine's GPU; with ``--target cuda:90 --sms 132``
+for a GPU that is not here (a build host previewing the H200's plan). The plan and the launches come from the
+op's own recipe (``launch._recipe``), so the report is what a call of that shape launches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from polykernels import platform
+from polykernels.gated_delta_rule import guards, launch
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class GdnShape:
+    """N sequences of T tokens each (``packed``: N sequences packed into T tokens in all), H qk heads, HV value
+    heads, K and V."""
+
+    num_seqs: int
+    tokens: int
+    heads: int
+    value_heads: int
+    key_dim: int = 128
+    value_dim: int = 128
+    packed: bool = False
+
+    @classmethod
+    def parse(cls, text: str, packed: bool = False) -> GdnShape:
+        """"N,T,H,HV" or "N,T,H,HV,K,V" (positive integers, HV a multiple of H, K and V at most 256)."""
+        try:
+            numbers = [int(part) for part in text.split(",")]
+        except ValueError:
+            numbers = []
+        if len(numbers) not in (4, 6) or min(numbers) < 1:
+            raise ValueError(f"--gdn expects N,T,H,HV or N,T,H,HV,K,V (positive integers), got {text!r}")
+        shape = cls(*numbers, packed=packed)
+        if shape.value_heads % shape.heads:
+            raise ValueError(f"--gdn: HV ({shape.value_heads}) must be a multiple of H ({shape.heads})")
+        if max(shape.key_dim, shape.value_dim) > launch.MAX_HEAD_DIM:
+            raise ValueError(f"--gdn: K and V must be at most {launch.MAX_HEAD_DIM}, got {shape.key_dim}, "
+                             f"{shape.value_dim}")
+        if packed and shape.tokens < shape.num_seqs:
+            raise ValueError(f"--gdn with --packed: T ({shape.tokens}) counts all the tokens, at least N "
+                             f"({shape.num_seqs})")
+        return shape
+
+
+def report(shape: GdnShape, dtype: torch.dtype = torch.bfloat16, sms: int | None = None) -> dict[str, object]:
+    """The plan and launches on the current platform (``platform.use`` to ask about another; ``sms`` then
+    stands for its SM count)."""
+    seen = platform.current()
+    path = guards.choose("cuda" if seen.is_gpu else "cpu")
+    row: dict[str, object] = {"shape": _describe(shape), "platform": f"{seen.backend} {seen.arch}", "path": path.path}
+    if path.path != "triton":
+        row["reason"] = path.reason
+        return row
+    if sms is None and not torch.cuda.is_available():
+        raise ValueError("no GPU here: give the SM count to plan for (--sms) with --target")
+    batch, tokens = (1, shape.tokens) if shape.packed else (shape.num_seqs, shape.tokens)
+    q_shape = torch.Size([batch, tokens, shape.heads, shape.key_dim])
+    v_shape = torch.Size([batch, tokens, shape.value_heads, shape.value_dim])
+    device = torch.device("cuda", torch.cuda.current_device()) if sms is None else torch.device("cuda")
+    recipe = launch._recipe(q_shape, v_shape, dtype, torch.int32 if shape.packed else None, shape.num_seqs, False,
+                            True, False, None, device, seen, *launch.launch_tables(launch._block(shape.key_dim)),
+                            sms=sms)
+    plan = recipe.plan
+    row.update({
+        "segments": plan.segments, "segment_chunks": plan.segment_chunks, "v_tile": plan.block_v * plan.warpgroups,
+        "plan": plan.reason,
+        "launches": [_launch_line(name, grid, meta)
+                     for _, grid, name, meta, _ in launch._launches(recipe, launch._launchers(), ())],
+    })
+    return row
+
+
+def _describe(shape: GdnShape) -> str:
+    sequences = (f"{shape.num_seqs} packed sequences, {shape.tokens} tokens in all" if shape.packed
+                 else f"{shape.num_seqs} x {shape.tokens} tokens")
+    return f"{sequences}, {shape.heads} qk / {shape.value_heads} v heads, K = {shape.key_dim}, V = {shape.value_dim}"
+
+
+_PASSES = {"prepare": "prepare pass", "lead": "first segments' output pass (the lead)",
+           "segment_state": "segment-state pass", "combine": "combine pass (the scan over segments)",
+           "recurrence": "output pass"}
+
+
+def _launch_line(name: str, grid: tuple[int, ...], meta: dict[str, object]) -> str:
+    dependent = ", programmatic dependent of the launch before it" if meta.get("launch_pdl") else ""
+    waits = ", waits for each chunk's ready flag" if meta.get("AWAIT") else ""
+    return f"{_PASSES[name]}: grid {tuple(grid)}{dependent}{waits}"
+
+
+def render(row: dict[str, object]) -> str:
+    lines = [f"chunk_gated_delta_rule at {row['shape']} on {row['platform']}: the {row['path']} path"]
+    if "reason" in row:
+        lines.append(f"  {row['reason']}")
+        return "\n".join(lines)
+    lines.append(f"  {row['segments']} segment(s) of {row['segment_chunks']} chunks per sequence, "
+                 f"{row['v_tile']}-column V tiles")
+    lines.append(f"  plan: {row['plan']}")
+    lines.extend(f"  {i}. {line}" for i, line in enumerate(row["launches"], start=1))
+    return "\n".join(lines)

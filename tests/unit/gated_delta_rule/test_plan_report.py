@@ -1,0 +1,91 @@
+"""`polykernels info --gdn`: the segment plan and launches of one shape, from the op's own recipe."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from polykernels import platform
+from polykernels.__main__ import main
+from polykernels.gated_delta_rule import launch, plan_report
+from polykernels.gated_delta_rule.plan_report import GdnShape
+
+
+@pytest.fixture
+def gluon_release(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The Gluon passes' Triton release, whatever this host has (the H200's plan is what is asked for); recipes
+    cached under another release are dropped before and after."""
+    monkeypatch.setattr(launch, "_triton_release", lambda: "3.6")
+    launch._recipe.cache_clear()
+    yield
+    launch._recipe.cache_clear()
+
+
+def _h200(shape: GdnShape) -> dict[str, object]:
+    with platform.use(platform.for_triton_target("cuda:90")):
+        return plan_report.report(shape, sms=132)
+
+
+def test_report_gives_the_recipes_plan_and_launch_order(gluon_release: None) -> None:
+    # 1x32768 with 2 qk / 8 v heads on an H200: nine segments of 57 chunks, the lead form after the prepare pass.
+    row = _h200(GdnShape(1, 32768, 2, 8))
+    assert (row["path"], row["segments"], row["segment_chunks"], row["v_tile"]) == ("triton", 9, 57, 64)
+    assert row["plan"] == launch.plan_segments(1, 32768, 8, 132, register_tiles=(64,), lead_tiles={64: 8}).reason
+    assert [line.split(":")[0] for line in row["launches"]] == [
+        "prepare pass", "first segments' output pass (the lead)", "segment-state pass", "output pass"]
+    assert "programmatic dependent" in row["launches"][2] and "grid (4, 7, 8)" in row["launches"][2]
+    # Packed sequences: the bound's 15-chunk segments; uncut ones beside the prepare pass, launched first.
+    packed = _h200(GdnShape(2, 8192, 2, 8, packed=True))
+    assert packed["segment_chunks"] == 15 and "packed sequences in segments of 15 chunks" in packed["plan"]
+    wide = _h200(GdnShape(1, 32768, 32, 32))
+    assert wide["launches"][0].startswith("output pass") and "ready flag" in wide["launches"][0]
+    text = plan_report.render(packed)
+    assert "2 packed sequences, 8192 tokens in all" in text and "  4. output pass: grid (2, 8, 8)" in text
+
+
+def test_report_on_a_host_without_a_gpu_names_the_torch_path() -> None:
+    with platform.use(platform.Platform(backend="cpu", arch=None, device_name=None, warp_size=1,
+                                        runtime_version=None)):
+        row = plan_report.report(GdnShape(1, 4096, 2, 8))
+    assert row["path"] == "torch" and "torch" in plan_report.render(row)
+
+
+@pytest.mark.parametrize(("text", "packed", "message"), [
+    ("1,32768,2", False, "N,T,H,HV or N,T,H,HV,K,V"), ("1,32768,2,x", False, "positive integers"),
+    ("0,32768,2,8", False, "positive integers"), ("1,32768,3,8", False, "multiple of H"),
+    ("1,32768,2,8,512,128", False, "at most 256"), ("4,3,2,8", True, "at least N")],
+    ids=["three-numbers", "not-a-number", "zero", "gva", "wide-k", "packed-too-few-tokens"])
+def test_gdn_shape_rejects_what_the_op_would(text: str, packed: bool, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        GdnShape.parse(text, packed)
+
+
+def test_info_gdn_prints_the_plan_for_a_target(gluon_release: None, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info", "--gdn", "1,32768,4,16", "--target", "cuda:90", "--sms", "132", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["segments"] == 5 and "beside the prepare pass" in row["plan"]
+    assert main(["info", "--gdn", "1,32768,2,8", "--target", "hip:gfx942", "--sms", "304"]) == 0
+    out = capsys.readouterr().out
+    assert "rocm gfx942" in out and "combine pass" in out  # no lead form off sm_90
+
+
+@pytest.mark.parametrize("argv", [
+    ["--target", "cuda:90"], ["--sms", "132"], ["--target", "cuda:xx", "--sms", "132"],
+    ["--target", "cuda:90", "--sms", "0"]], ids=["target-alone", "sms-alone", "bad-target", "no-sms"])
+def test_info_gdn_rejects_bad_arguments_by_name(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["info", "--gdn", "1,4096,2,8", *argv])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error.startswith("polykernels info: error: --") and ("--target" in error or "--sms" in error)
+
+
+def test_info_gdn_without_a_gpu_or_target_asks_for_one(monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    # A GPU platform but no device to read the SM count from: the error says what to give.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with platform.use(platform.for_triton_target("cuda:90")), pytest.raises(ValueError, match="--sms"):
+        plan_report.report(GdnShape(1, 4096, 2, 8))
