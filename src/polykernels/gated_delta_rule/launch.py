@@ -691,9 +691,12 @@ def _recipe(
         segments_per_seq = plan.segments
         max_segments, segment_tokens = num_seqs * segments_per_seq, segment_chunks * CHUNK
     lead = plan.lead  # cut into three segments or more (packed sequences: on average)
-    # lead: the passes after it take the segments after each sequence's first, of packed sequences at most
-    # total // segment_tokens (kernels._sequence_of's AFTER_FIRST numbering).
-    after_lead = (max(1, total // segment_tokens) if varlen else num_seqs * (segments_per_seq - 1)) if lead else 0
+    # lead: the output pass after it takes each sequence's segments after its first, the segment-state pass those
+    # before its last too. Packed sequences number them apart (kernels._sequence_of's AFTER_FIRST), at most
+    # total // segment_tokens whatever the lengths, the segment states' including each last, which forms nothing.
+    packed_after_lead = max(1, total // segment_tokens) if varlen else 0
+    outputs_after_lead = packed_after_lead or num_seqs * (segments_per_seq - 1)
+    states_after_lead = packed_after_lead or num_seqs * (segments_per_seq - 2)
     beside_prepare = plan.beside_prepare  # the lead launched first, the prepare pass beside it (ready_flags)
     combine = dict(combine_launch)
     combine_bv = min(combine["block_v"], _block(value_dim))
@@ -771,7 +774,7 @@ def _recipe(
                    "STORE_FINAL": output_final_state and varlen,
                    **recurrence_tail, "LEAD": True, "AFTER_LEAD": False, "AWAIT": beside_prepare},
         segment_state_grid=(value_tiles + -(-key_dim // block_v),
-                            (after_lead - (0 if varlen else num_seqs)) if lead else max_segments, value_heads),
+                            states_after_lead if lead else max_segments, value_heads),
         segment_state_meta={**recurrence, "HAS_INITIAL": False, "SEGMENT_STATE": True, "STORE_FINAL": False,
                             **segment_tail},
         combine_grid=(-(-value_dim // combine_bv), num_seqs, value_heads),
@@ -779,7 +782,7 @@ def _recipe(
                       "KB": combine_operator_block(block_k, combine["whole_k"]), "HAS_INITIAL": has_initial,
                       "VARLEN": varlen, "DOT_PRECISION": precision,
                       "num_warps": combine["num_warps"], "num_stages": combine["num_stages"]},
-        recurrence_grid=(value_tiles, after_lead or max_segments, value_heads),
+        recurrence_grid=(value_tiles, outputs_after_lead if lead else max_segments, value_heads),
         recurrence_meta={**recurrence, "HAS_INITIAL": has_initial or bool(segment_chunks), "SEGMENT_STATE": False,
                          "STORE_FINAL": output_final_state, **recurrence_tail},
         hopper=hopper,
