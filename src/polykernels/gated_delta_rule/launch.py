@@ -664,7 +664,9 @@ def _recipe(
     caps = dict(hopper_prepare)
     gluon_prepare = key_dim in caps and on_hopper
     form = dict(hopper_concurrent).get(key_dim)  # (tiles per program, stages) beside the prepare pass
-    beside = form if gluon_prepare and not varlen and concurrent_passes_allowed() else None
+    # A sequential pass may wait for the prepare pass launched after it (batch rows: the flags are numbered by row).
+    overlap = gluon_prepare and not varlen and concurrent_passes_allowed()
+    beside = form if overlap else None
     sm_count = sms or platform.sm_count(device)
     lead_tiles = ({tile: least for tile, least in lead_segment
                    if tile in dict(hopper_register_stages) and tile in dict(hopper_register_segment_stages)}
@@ -674,8 +676,7 @@ def _recipe(
                          register_pairs=dict(hopper_register_pairs) if on_hopper else (),
                          concurrent_tiles={tile: beside[0] for tile in dict(hopper_register_stages)} if beside
                          else None, lead_tiles=lead_tiles,
-                         lead_rates=(dict(lead_beside_prepare).get(key_dim)
-                                     if gluon_prepare and not varlen and concurrent_passes_allowed() else None),
+                         lead_rates=dict(lead_beside_prepare).get(key_dim) if overlap else None,
                          packed=varlen)
     segment_chunks = plan.segment_chunks if plan.segments > 1 else 0
     block_k, block_v = _block(key_dim), plan.block_v * plan.warpgroups
