@@ -52,44 +52,53 @@ def sweep_gdn_launch(device: str, axes: list[str] | None = None) -> list[dict]:
 
     results = []
     # The tables are read-only: each choice replaces them (which also retires the launch programs
-    # recorded under the previous ones), and the originals come back after it.
+    # recorded under the previous ones), and the originals come back after it. The per-arch tables would
+    # shadow them on their archs: they are emptied for the sweep (its rows include their entries' launches).
     tables = ("RECURRENCE_BLOCK_V", "RECURRENCE_LAUNCH", "PREPARE_LAUNCH")
     originals = [getattr(launch, name) for name in tables]
+    arch_tables = ("ARCH_RECURRENCE_BLOCK_V", "ARCH_RECURRENCE_LAUNCH", "ARCH_PREPARE_LAUNCH")
+    arch_originals = [getattr(launch, name) for name in arch_tables]
     # (wide, narrow) both set to one BV: the V tile is forced whatever plan_segments would pick.
     choices = {"BV x warps x stages": [((bv, bv), (w, st), None) for bv, w, st in
-                                       ((64, 4, 3), (32, 4, 3), (32, 4, 2), (32, 8, 3), (16, 4, 3))],
+                                       ((64, 4, 3), (64, 8, 3), (32, 4, 3), (32, 4, 2), (32, 8, 3), (16, 4, 3))],
                "prepare BV x warps": [(None, None, (bv, w)) for bv in (64, 128) for w in (4, 8)]}
     if axes:
         kept = {label: configs for label, configs in choices.items() if any(a in label for a in axes)}
         if not kept:
             raise SystemExit(f"--axis {axes}: no gdn-launch axis matches; the axes are {list(choices)}")
         choices = kept
-    # The thin shapes too: there the V tile also sets the segment count (plan_segments), and a
-    # 64-wide tile with more segments beat the 32-wide one at 1x32768 2/8 (BENCHMARKS.md).
-    for name, batch, tokens, heads, value_heads in (("B1 T32768 H32/32", 1, 32768, 32, 32),
-                                                     ("B8 T4096 H32/32", 8, 4096, 32, 32),
-                                                     ("1x32768 H2/8", 1, 32768, 2, 8),
-                                                     ("1x65536 H2/8", 1, 65536, 2, 8),
-                                                     ("1x32768 H4/16", 1, 32768, 4, 16)):
-        q, k, v, g, beta = gdn_inputs(batch, tokens, heads, value_heads, device)
-        call = functools.partial(chunk_gated_delta_rule, q, k, v, g, beta, output_final_state=True)
-        row: dict = {"shape": name}
-        for label, configs in choices.items():
-            for config in configs:
-                for table, original, value in zip(tables, originals, config, strict=True):
-                    if value is not None:
-                        setattr(launch, table, {**original, 128: value})
-                row[f"{label}: {config}"] = round(graph_ms(call), 4)
-                for table, original in zip(tables, originals, strict=True):
-                    setattr(launch, table, original)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(3):
-                call()
-            torch.cuda.synchronize()
-        row["kernels_us"] = {e.key[:40]: round(e.device_time_total / 3, 1) for e in prof.key_averages()
-                             if e.device_time_total > 0}
-        print(json.dumps(row), flush=True)
-        results.append(row)
+    for table in arch_tables:
+        setattr(launch, table, {})
+    try:
+        # The thin shapes too: there the V tile also sets the segment count (plan_segments), and a
+        # 64-wide tile with more segments beat the 32-wide one at 1x32768 2/8 (BENCHMARKS.md).
+        for name, batch, tokens, heads, value_heads in (("B1 T32768 H32/32", 1, 32768, 32, 32),
+                                                         ("B8 T4096 H32/32", 8, 4096, 32, 32),
+                                                         ("1x32768 H2/8", 1, 32768, 2, 8),
+                                                         ("1x65536 H2/8", 1, 65536, 2, 8),
+                                                         ("1x32768 H4/16", 1, 32768, 4, 16)):
+            q, k, v, g, beta = gdn_inputs(batch, tokens, heads, value_heads, device)
+            call = functools.partial(chunk_gated_delta_rule, q, k, v, g, beta, output_final_state=True)
+            row: dict = {"shape": name}
+            for label, configs in choices.items():
+                for config in configs:
+                    for table, original, value in zip(tables, originals, config, strict=True):
+                        if value is not None:
+                            setattr(launch, table, {**original, 128: value})
+                    row[f"{label}: {config}"] = round(graph_ms(call), 4)
+                    for table, original in zip(tables, originals, strict=True):
+                        setattr(launch, table, original)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for _ in range(3):
+                    call()
+                torch.cuda.synchronize()
+            row["kernels_us"] = {e.key[:40]: round(e.device_time_total / 3, 1) for e in prof.key_averages()
+                                 if e.device_time_total > 0}
+            print(json.dumps(row), flush=True)
+            results.append(row)
+    finally:
+        for table, original in zip(arch_tables, arch_originals, strict=True):
+            setattr(launch, table, original)
     return results
 
 

@@ -43,6 +43,8 @@ class KernelSpec:
     platform_constexprs: Callable[[], dict[str, Any]] | None = None
     # num_warps / num_stages as the launcher passes them: registers and spills depend on them.
     options: dict[str, int] = field(default_factory=dict)
+    # Options the launcher derives from the platform (a per-arch launch table), over ``options``.
+    platform_options: Callable[[], dict[str, int]] | None = None
     # Integer arguments that are multiples of 16 at the shapes the spec stands for (FLUX's D 3072):
     # Triton's launcher specializes them as it does 16-byte aligned pointers, and offsets built from
     # them then compile to 16-byte loads. Without it the norms compiled to 2-byte loads and stores,
@@ -54,6 +56,15 @@ class KernelSpec:
 
         with platform.use(platform.for_triton_target(target)):
             return self.allowed()
+
+    def options_on(self, target: str) -> dict[str, int]:
+        """The options the launcher passes on ``target``."""
+        from polykernels import platform
+
+        if self.platform_options is None:
+            return dict(self.options)
+        with platform.use(platform.for_triton_target(target)):
+            return {**self.options, **self.platform_options()}
 
 
 KERNELS: dict[str, KernelSpec] = {}
@@ -103,7 +114,7 @@ def compile_here(name: str, target: str) -> dict[str, Any]:
     if getattr(fn, "is_gluon", lambda: False)():
         from triton.experimental.gluon._runtime import GluonASTSource as ASTSource  # layouts need num_warps
     source = ASTSource(fn, signature=spec.signature, constexprs=constexprs, attrs=aligned)
-    options: dict[str, Any] | None = dict(spec.options)
+    options: dict[str, Any] | None = spec.options_on(target)
     limit = platform.SHARED_MEMORY_PER_BLOCK.get(platform.for_triton_target(target).arch or "")
     while True:
         compiled = triton.compile(source, target=_gpu_target(target), options=options)
@@ -248,8 +259,9 @@ def probe(name: str, target: str, timeout: float = 600.0) -> ProbeResult:
             detail += f", {used['loop_spill_instructions']} spill loads and stores inside a loop"
         if used.get("serialized_products"):
             detail += ", its tensor-core products serialized by ptxas"
-        if used.get("num_stages", 1) < spec.options.get("num_stages", 1):
-            detail += (f", {used['num_stages']} of {spec.options['num_stages']} pipeline stages fit its "
+        asked = spec.options_on(target).get("num_stages", 1)
+        if used.get("num_stages", 1) < asked:
+            detail += (f", {used['num_stages']} of {asked} pipeline stages fit its "
                        f"{used['shared_limit']} bytes of shared memory")
         return ProbeResult(kernel=name, target=target, compiled=True, allowed=spec.allowed_on(target),
                            detail=detail, resources=used)

@@ -65,6 +65,7 @@ def plan_segments(
     *, key_dim: int = 128, value_dim: int = 128, register_tiles: Collection[int] = (),
     register_pairs: Collection[int] = (), concurrent_tiles: Mapping[int, int] | None = None,
     lead_tiles: Mapping[int, int] | None = None, lead_rates: LeadRates | None = None, packed: bool = False,
+    block_vs: tuple[int, int] | None = None,
 ) -> SegmentPlan:
     """The V tile and the segments per sequence, from (N, HV, T, K, V, SMs).
 
@@ -96,10 +97,11 @@ def plan_segments(
     segments fill one wave whatever the lengths (``_packed_lead_chunks``).
     ``lead_rates``: where the lead form can also start beside the prepare pass (HOPPER_LEAD_BESIDE_PREPARE):
     taken where those rates estimate it at least LEAD_BESIDE_GAIN shorter (``_lead_beside_prepare``), with
-    the first segment the longer one.
+    the first segment the longer one. ``block_vs``: the (wide, narrow) V tiles of the device's arch
+    (``triton_pass_launches``; default: RECURRENCE_BLOCK_V's).
     """
     chunks = max(1, -(-total_tokens // num_seqs // CHUNK))
-    wide, narrow = RECURRENCE_BLOCK_V[_block(key_dim)]
+    wide, narrow = block_vs or RECURRENCE_BLOCK_V[_block(key_dim)]
     wide, narrow = min(wide, _block(value_dim)), min(narrow, _block(value_dim))
     wide_programs = num_seqs * value_heads * -(-value_dim // wide)
     narrow_programs = num_seqs * value_heads * -(-value_dim // narrow)
@@ -336,6 +338,33 @@ RECURRENCE_BLOCK_V: Mapping[int, tuple[int, int]] = types.MappingProxyType(
 RECURRENCE_LAUNCH: Mapping[int, tuple[int, int]] = types.MappingProxyType(
     {16: (4, 3), 32: (4, 3), 64: (4, 3), 128: (4, 3), 256: (8, 1)})
 PREPARE_LAUNCH: Mapping[int, tuple[int, int]] = types.MappingProxyType({64: (64, 4), 128: (128, 4), 256: (64, 8)})
+# The same three tables per (GPU arch, K tile), where the entries above spill registers inside the Triton
+# passes' chunk loop on that arch: such a spill is paid every chunk (on the H200 one took a pass from 386
+# to 649 us, thirteenth set). No GPU of these kinds was here to time them. Each entry is the launch that
+# compiles there with no spill instruction inside a loop, from a build-host sweep of 4, 8 and 16 warps,
+# 1 to 3 stages and both V tiles (BENCHMARKS.md, "Launches per architecture"; one compile:
+# `python -m polykernels.kernel_registry compile gdn_recurrence cuda:80`). Three stages are asked for;
+# the launcher drops one where shared memory is short (the output pass on sm_86, sm_89 and sm_120).
+# 64-column V tiles spill in the output pass's loop at every launch tried on sm_80, sm_86, sm_89 and
+# sm_120, so those archs run the narrow tile only. The worst case was sm_80 at 4 warps and 3 stages: ptxas
+# fell back to 32 registers and 6.3 KiB of stack per thread, with 3,149 spill instructions in the loop.
+# The segment-state pass shares the output pass's launch. At K = 128 only.
+ARCH_RECURRENCE_BLOCK_V: Mapping[tuple[str, int], tuple[int, int]] = types.MappingProxyType(
+    {("sm_80", 128): (32, 32), ("sm_86", 128): (32, 32), ("sm_89", 128): (32, 32), ("sm_120", 128): (32, 32)})
+ARCH_RECURRENCE_LAUNCH: Mapping[tuple[str, int], tuple[int, int]] = types.MappingProxyType(
+    {("sm_80", 128): (8, 3), ("sm_86", 128): (8, 3), ("sm_89", 128): (8, 3), ("sm_100", 128): (8, 3),
+     ("sm_120", 128): (8, 3)})
+ARCH_PREPARE_LAUNCH: Mapping[tuple[str, int], tuple[int, int]] = types.MappingProxyType({("sm_100", 128): (64, 4)})
+
+
+def triton_pass_launches(arch: str | None, block_k: int) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    """(V tiles (wide, narrow), (num_warps, num_stages) of the sequential passes, (V tile, num_warps) of the
+    prepare pass) of the Triton passes at K tile ``block_k`` on GPU arch ``arch``: the per-arch tables' entry
+    where there is one, else the default's."""
+    prepare_k = max(block_k, PREPARE_MIN_BLOCK)
+    return (ARCH_RECURRENCE_BLOCK_V.get((arch or "", block_k), RECURRENCE_BLOCK_V[block_k]),
+            ARCH_RECURRENCE_LAUNCH.get((arch or "", block_k), RECURRENCE_LAUNCH[block_k]),
+            ARCH_PREPARE_LAUNCH.get((arch or "", prepare_k), PREPARE_LAUNCH[prepare_k]))
 # The sequential pass on sm_90 (hopper_kernels, 16-bit inputs, K of 64 or 128): cp.async stages per
 # V tile, what fits 227 KiB of shared memory beside the state's tiles (two stages at the narrow tile
 # measured 6-10% slower than three on the H200). An empty table turns the pass off.
@@ -487,10 +516,10 @@ def launch_chunk_gated_delta_rule(
             final.copy_(initial_state if initial_state is not None else torch.zeros_like(final))
         return o, final if output_final_state else None
 
-    block_k = _block(key_dim)
+    seen = platform.current()
     recipe = _recipe(q.shape, v.shape, q.dtype, None if cu_seqlens is None else cu_seqlens.dtype, num_seqs,
                      initial_state is not None, output_final_state, use_qk_l2norm_in_kernel, num_segments, device,
-                     platform.current(), *launch_tables(block_k))
+                     seen, *launch_tables(_block(key_dim), seen.arch))
     run = _launchers()
     cu = cu_seqlens if cu_seqlens is not None else _unused_offsets(device)
     initial = initial_state.float().contiguous() if initial_state is not None else final
@@ -564,10 +593,10 @@ def launch_chunk_gated_delta_rule(
     return o, final if output_final_state else None
 
 
-def launch_tables(block_k: int) -> tuple:
-    """The launch tables' entries ``_recipe`` reads, in its order after the platform (its cache key
-    holds them: a table replaced gets a recipe of its own)."""
-    return (RECURRENCE_BLOCK_V[block_k], RECURRENCE_LAUNCH[block_k], PREPARE_LAUNCH[max(block_k, PREPARE_MIN_BLOCK)],
+def launch_tables(block_k: int, arch: str | None) -> tuple:
+    """The launch tables' entries ``_recipe`` reads on GPU arch ``arch``, in its order after the platform
+    (its cache key holds them: a table replaced gets a recipe of its own)."""
+    return (*triton_pass_launches(arch, block_k),
             tuple(HOPPER_STAGES.items()), tuple(HOPPER_PREPARE.items()), tuple(HOPPER_REGISTER_STAGES.items()),
             tuple(HOPPER_REGISTER_PAIRS.items()), tuple(HOPPER_CONCURRENT.items()), tuple(COMBINE_LAUNCH.items()),
             tuple(HOPPER_REGISTER_CUT.items()), tuple(HOPPER_REGISTER_SEGMENT_STAGES.items()), HOPPER_PAIRS_FROM_V,
@@ -677,7 +706,7 @@ def _recipe(
                          concurrent_tiles={tile: beside[0] for tile in dict(hopper_register_stages)} if beside
                          else None, lead_tiles=lead_tiles,
                          lead_rates=dict(lead_beside_prepare).get(key_dim) if overlap else None,
-                         packed=varlen)
+                         packed=varlen, block_vs=block_vs)
     segment_chunks = plan.segment_chunks if plan.segments > 1 else 0
     block_k, block_v = _block(key_dim), plan.block_v * plan.warpgroups
     precision = guards.dot_precision(fp32_inputs=dtype == torch.float32)

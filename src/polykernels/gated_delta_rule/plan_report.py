@@ -66,9 +66,9 @@ def report(shape: GdnShape, dtype: torch.dtype = torch.bfloat16, sms: int | None
     q_shape = torch.Size([batch, tokens, shape.heads, shape.key_dim])
     v_shape = torch.Size([batch, tokens, shape.value_heads, shape.value_dim])
     device = torch.device("cuda", torch.cuda.current_device()) if sms is None else torch.device("cuda")
+    tables = launch.launch_tables(launch._block(shape.key_dim), seen.arch)
     recipe = launch._recipe(q_shape, v_shape, dtype, torch.int32 if shape.packed else None, shape.num_seqs, False,
-                            True, False, None, device, seen, *launch.launch_tables(launch._block(shape.key_dim)),
-                            sms=sms)
+                            True, False, None, device, seen, *tables, sms=sms)
     plan = recipe.plan
     row.update({
         "segments": plan.segments, "segment_chunks": plan.segment_chunks, "v_tile": plan.block_v * plan.warpgroups,
@@ -91,9 +91,11 @@ _PASSES = {"prepare": "prepare pass", "lead": "first segments' output pass (the 
 
 
 def _launch_line(name: str, grid: tuple[int, ...], meta: dict[str, object]) -> str:
+    stages = meta.get("STAGES", meta.get("num_stages"))  # the Gluon passes' copy stages, or Triton's pipeline's
+    shape = f", {meta['num_warps']} warps" + (f", {stages} stage{'s' * (stages != 1)}" if stages else "")
     dependent = ", programmatic dependent of the launch before it" if meta.get("launch_pdl") else ""
     waits = ", waits for each chunk's ready flag" if meta.get("AWAIT") else ""
-    return f"{_PASSES[name]}: grid {tuple(grid)}{dependent}{waits}"
+    return f"{_PASSES[name]}: grid {tuple(grid)}{shape}{dependent}{waits}"
 
 
 def render(row: dict[str, object]) -> str:

@@ -24,6 +24,7 @@ from polykernels.gated_delta_rule.launch import (
     RECURRENCE_LAUNCH,
     combine_operator_block,
     hopper_pass,
+    triton_pass_launches,
 )
 from polykernels.kernel_registry import KernelSpec, register
 
@@ -31,10 +32,34 @@ _MODULE = "polykernels.gated_delta_rule.kernels"
 _PASSES = "polykernels.gated_delta_rule.recurrence_kernels"
 _SHAPE = {"H": 16, "HV": 32, "K": 128, "BT": 64, "BK": 128}
 _SEGMENTS = {"VARLEN": True, "LOG_N": 4, "L2NORM": True}
-# The launcher's choices for K = V = 128 (launch.py's tables): the narrow V tile of the recurrence.
+# The launcher's choices for K = V = 128 (launch.py's tables): the narrow V tile of the recurrence. The
+# Triton passes take their arch's (launch.triton_pass_launches, asked on each compile target).
 _PREPARE_BV, _PREPARE_WARPS = PREPARE_LAUNCH[128]
 _RECURRENCE_BV = RECURRENCE_BLOCK_V[128][1]
 _RECURRENCE_WARPS, _RECURRENCE_STAGES = RECURRENCE_LAUNCH[128]
+
+
+def _arch_launches() -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    return triton_pass_launches(platform.current().arch, 128)
+
+
+def _prepare_tile() -> dict[str, int]:
+    block_v = _arch_launches()[2][0]
+    return {"BV": block_v, "NV": 128 // block_v}
+
+
+def _prepare_options() -> dict[str, int]:
+    return {"num_warps": _arch_launches()[2][1]}
+
+
+def _recurrence_tile(wide: bool) -> dict[str, int]:
+    block_v = _arch_launches()[0][0 if wide else 1]
+    return {"BV": block_v, "NV": 128 // block_v}
+
+
+def _recurrence_options() -> dict[str, int]:
+    num_warps, num_stages = _arch_launches()[1]
+    return {"num_warps": num_warps, "num_stages": num_stages}
 
 
 def _constexpr(*names: str) -> dict[str, str]:
@@ -66,8 +91,8 @@ for _name, _fp32_inputs in (("gdn_prepare", False), ("gdn_prepare_fp32", True)):
         name=_name, module=_PASSES, function="gdn_prepare_kernel",
         signature=_fp32(_PREPARE_SIGNATURE) if _fp32_inputs else _PREPARE_SIGNATURE,
         constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV},
-        platform_constexprs=functools.partial(_prepare_precision, _fp32_inputs),
-        options={"num_warps": _PREPARE_WARPS, "num_stages": 1},
+        platform_constexprs=lambda fp32_inputs=_fp32_inputs: {**_prepare_precision(fp32_inputs), **_prepare_tile()},
+        options={"num_warps": _PREPARE_WARPS, "num_stages": 1}, platform_options=_prepare_options,
     ))
 _RECURRENCE_SIGNATURE = {
     "Q_ptr": "*bf16", "K_ptr": "*bf16", "W_ptr": "*bf16", "U_ptr": "*bf16", "P_ptr": "*bf16", "QS_ptr": "*fp32",
@@ -84,18 +109,22 @@ def _precision_fp32() -> dict[str, str]:
 
 
 # fp32 inputs too: their pipeline stages take twice the shared memory (three do not fit an H200 at
-# K = 128; the launcher then drops one, and the matrix shows how many fit on each target).
-for _name, _segment_state, _signature, _precise in (
-    ("gdn_recurrence", False, _RECURRENCE_SIGNATURE, _precision),
-    ("gdn_segment_state", True, _RECURRENCE_SIGNATURE, _precision),
-    ("gdn_recurrence_fp32", False, _fp32(_RECURRENCE_SIGNATURE), _precision_fp32),
+# K = 128; the launcher then drops one, and the matrix shows how many fit on each target). Both V tiles of
+# the target's arch (the wide one is the narrow one where the arch runs no wide tile).
+for _name, _segment_state, _signature, _precise, _wide in (
+    ("gdn_recurrence", False, _RECURRENCE_SIGNATURE, _precision, False),
+    ("gdn_segment_state", True, _RECURRENCE_SIGNATURE, _precision, False),
+    ("gdn_recurrence_wide", False, _RECURRENCE_SIGNATURE, _precision, True),
+    ("gdn_segment_state_wide", True, _RECURRENCE_SIGNATURE, _precision, True),
+    ("gdn_recurrence_fp32", False, _fp32(_RECURRENCE_SIGNATURE), _precision_fp32, False),
 ):
     register(KernelSpec(
         name=_name, module=_PASSES, function="gdn_recurrence_kernel", signature=_signature,
         constexprs={**_SHAPE, "V": 128, "BV": _RECURRENCE_BV, "NV": 128 // _RECURRENCE_BV, "VARLEN": True,
                     "LOG_N": 4, "HAS_INITIAL": True, "SEGMENT_STATE": _segment_state, "STORE_FINAL": True},
-        platform_constexprs=_precise,
+        platform_constexprs=lambda precise=_precise, wide=_wide: {**precise(), **_recurrence_tile(wide)},
         options={"num_warps": _RECURRENCE_WARPS, "num_stages": _RECURRENCE_STAGES},
+        platform_options=_recurrence_options,
     ))
 register(KernelSpec(
     name="gdn_combine", module=_MODULE, function="gdn_combine_kernel",

@@ -223,7 +223,7 @@ def _sm90_recipe(monkeypatch: pytest.MonkeyPatch, batch: int, tokens: int, heads
     return launch._recipe(
         torch.Size([batch, tokens, heads, 128]), torch.Size([batch, tokens, value_heads, 128]), torch.bfloat16,
         None if packed is None else torch.int32, batch if packed is None else packed, False, True, False,
-        num_segments, torch.device("cpu"), seen, *launch.launch_tables(128))
+        num_segments, torch.device("cpu"), seen, *launch.launch_tables(128, seen.arch))
 
 
 def test_segment_plan_runs_the_passes_side_by_side_where_wide_tiles_leave_half_the_sms() -> None:
@@ -887,6 +887,14 @@ def _registered_programs(monkeypatch: pytest.MonkeyPatch) -> list:
     return registered
 
 
+def _tables_here(key_dim: int) -> tuple:
+    """The launch tables' entries a call with K = ``key_dim`` reads on this GPU (``launch._recipe``'s arguments)."""
+    from polykernels import platform
+    from polykernels.gated_delta_rule import launch
+
+    return launch.launch_tables(launch._block(key_dim), platform.current().arch)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(("batch", "tokens", "value_heads"), [(1, 8192 + 37, 32), (2, 8192, 16)],
                          ids=["B1-tail-chunk", "B2"])
@@ -977,7 +985,7 @@ def test_gpu_lead_segment_beside_the_segment_states(gpu_device: str, monkeypatch
 
     first, replayed = public(), public()
     recipe = launch._recipe(inputs[0].shape, inputs[2].shape, torch.bfloat16, None, batch, initial, True, False,
-                            segments, inputs[0].device, platform.current(), *launch.launch_tables(key_dim))
+                            segments, inputs[0].device, platform.current(), *_tables_here(key_dim))
     assert recipe.beside_prepare is beside_prepare and recipe.segments_per_seq == segments
     if beside_prepare:
         first_chunks = -(-tokens // 64) - (segments - 1) * recipe.segment_chunks
@@ -1046,7 +1054,7 @@ def test_gpu_packed_sequences_lead_segment(gpu_device: str, monkeypatch: pytest.
     first, replayed = public(), public()
     recipe = launch._recipe(inputs[0].shape, inputs[2].shape, torch.bfloat16, torch.int32, len(lengths), initial,
                             True, False, segments, inputs[0].device, platform.current(),
-                            *launch.launch_tables(key_dim))
+                            *_tables_here(key_dim))
     assert recipe.lead and not recipe.beside_prepare and recipe.lead_meta["VARLEN"]
     # The counters zeroed, then prepare, lead, segment states (dependent), outputs.
     _holds_as_the_lead_form(monkeypatch, public, first, replayed, registered, [False, False, True, False], inputs,
@@ -1152,7 +1160,7 @@ def test_gpu_nan_never_reaches_earlier_tokens_across_a_lead_segment(gpu_device: 
     if _programs.enabled():  # the counters zeroed and four launches: the lead form
         assert len(registered[0]) == 5
     recipe = launch._recipe(inputs[0].shape, inputs[2].shape, torch.bfloat16, None, 1, False, True, False, 3,
-                            inputs[0].device, platform.current(), *launch.launch_tables(64))
+                            inputs[0].device, platform.current(), *_tables_here(64))
     rest = recipe.segment_tokens
     first = 18 * 64 - 2 * rest if beside_prepare else rest  # 1100 tokens: 18 chunks
     assert recipe.beside_prepare is beside_prepare and (first > rest) is beside_prepare
@@ -1175,7 +1183,7 @@ def test_gpu_nan_never_reaches_earlier_tokens_across_a_packed_lead_segment(gpu_d
     cu = torch.tensor([0, 1100], dtype=torch.int32, device=gpu_device)
     recipe = launch._recipe(torch.Size([1, 1100, 1, 64]), torch.Size([1, 1100, 1, 64]), torch.bfloat16, torch.int32,
                             1, False, True, False, 3, torch.device(gpu_device), platform.current(),
-                            *launch.launch_tables(64))
+                            *_tables_here(64))
     rest = recipe.segment_tokens
     assert recipe.lead and recipe.lead_meta["VARLEN"] and rest == 6 * 64
     _nan_causality(lambda *a: launch_chunk_gated_delta_rule(*a, 0.2, None, True, cu, False, 3), gpu_device,
@@ -1266,8 +1274,8 @@ def test_kernels_compile_for_amd(target: str) -> None:
                                         "gdn_recurrence_hopper_rs_lead_packed",
                                         "gdn_segment_state_hopper_rs_after_lead_packed",
                                         "gdn_recurrence_hopper_rs_after_lead_packed"}
-    assert set(names) == {"gdn_prepare", "gdn_recurrence", "gdn_segment_state", "gdn_combine",
-                          "gdn_recurrence_fp32", "gdn_prepare_fp32"}
+    assert set(names) == {"gdn_prepare", "gdn_recurrence", "gdn_segment_state", "gdn_recurrence_wide",
+                          "gdn_segment_state_wide", "gdn_combine", "gdn_recurrence_fp32", "gdn_prepare_fp32"}
     for kernel in names:
         result = probe(kernel, target)
         assert result.compiled and result.consistent, result.detail
@@ -1329,7 +1337,7 @@ def test_prepare_products_of_fp32_inputs_in_three_tf32_passes_where_they_fit(
 
 
 def _compile_failure(name: str, constexprs: dict[str, int], target: str) -> str:
-    """Compiles the registry's ``name`` with ``constexprs`` (merged over its own) for
+    """Compiles the registry's ``name`` with ``constexprs`` (merged over its own and its platform's) for
     ``target`` in a process of its own, as the compile matrix does (these tests run Triton's
     interpreter); asserts that it fails and returns its stderr."""
     import os
@@ -1338,8 +1346,10 @@ def _compile_failure(name: str, constexprs: dict[str, int], target: str) -> str:
 
     code = (
         "import dataclasses; from polykernels import kernel_registry as r\n"
-        f"spec = r.kernels()[{name!r}]\n"
-        f"changed = dataclasses.replace(spec, name='changed', constexprs={{**spec.constexprs, **{constexprs!r}}})\n"
+        f"spec = r.kernels()[{name!r}]; given = {constexprs!r}\n"
+        "platform_given = lambda: {**(spec.platform_constexprs() if spec.platform_constexprs else {}), **given}\n"
+        "changed = dataclasses.replace(spec, name='changed', constexprs={**spec.constexprs, **given},\n"
+        "                              platform_constexprs=platform_given)\n"
         f"r.register(changed); r.compile_here('changed', {target!r})\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

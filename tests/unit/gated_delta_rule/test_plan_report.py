@@ -70,6 +70,10 @@ def test_info_gdn_prints_the_plan_for_a_target(gluon_release: None, capsys: pyte
     assert main(["info", "--gdn", "1,32768,2,8", "--target", "hip:gfx942", "--sms", "304"]) == 0
     out = capsys.readouterr().out
     assert "rocm gfx942" in out and "combine pass" in out  # no lead form off sm_90
+    # An A100 (the per-arch launch tables): 32-column tiles at 8 warps, where the default's spill in their loop.
+    assert main(["info", "--gdn", "1,32768,2,8", "--target", "cuda:80", "--sms", "108"]) == 0
+    out = capsys.readouterr().out
+    assert "32-column V tiles" in out and "output pass: grid (4, 3, 8), 8 warps, 3 stages" in out
 
 
 @pytest.mark.parametrize("argv", [
