@@ -344,18 +344,23 @@ PREPARE_LAUNCH: Mapping[int, tuple[int, int]] = types.MappingProxyType({64: (64,
 # compiles there with no spill instruction inside a loop, from a build-host sweep of 4, 8 and 16 warps,
 # 1 to 3 stages and both V tiles (BENCHMARKS.md, "Launches per architecture"; one compile:
 # `python -m polykernels.kernel_registry compile gdn_recurrence cuda:80`). Three stages are asked for;
-# the launcher drops one where shared memory is short (the output pass on sm_86, sm_89 and sm_120).
-# 64-column V tiles spill in the output pass's loop at every launch tried on sm_80, sm_86, sm_89 and
-# sm_120, so those archs run the narrow tile only. The worst case was sm_80 at 4 warps and 3 stages: ptxas
-# fell back to 32 registers and 6.3 KiB of stack per thread, with 3,149 spill instructions in the loop.
-# The segment-state pass shares the output pass's launch. At K = 128 only.
+# the launcher drops what shared memory cannot hold (the output pass on sm_86, sm_89 and sm_120).
+# - At K = 128, 64-column V tiles spill in the output pass's loop at every launch tried on sm_80, sm_86,
+#   sm_89 and sm_120, so those archs run the narrow tile only. The worst case was sm_80 at 4 warps and 3
+#   stages: ptxas fell back to 32 registers and 6.3 KiB of stack per thread, 3,149 spill instructions in
+#   the loop.
+# - At K = 256, 32-column tiles spill in the loop on those archs at 8 and 16 warps: 16 columns there.
+# - sm_103 and sm_121 compile to the registers and spills of sm_100 and sm_120 at every launch swept (the
+#   cuobjdump Triton ships cannot read their code to place the spills) and take their entries.
+# The segment-state pass shares the output pass's launch.
+_NARROW_ONLY = ("sm_80", "sm_86", "sm_89", "sm_120", "sm_121")
 ARCH_RECURRENCE_BLOCK_V: Mapping[tuple[str, int], tuple[int, int]] = types.MappingProxyType(
-    {("sm_80", 128): (32, 32), ("sm_86", 128): (32, 32), ("sm_89", 128): (32, 32), ("sm_120", 128): (32, 32)})
+    {**{(arch, 128): (32, 32) for arch in _NARROW_ONLY}, **{(arch, 256): (16, 16) for arch in _NARROW_ONLY}})
 ARCH_RECURRENCE_LAUNCH: Mapping[tuple[str, int], tuple[int, int]] = types.MappingProxyType(
-    {("sm_80", 128): (8, 3), ("sm_86", 128): (8, 3), ("sm_89", 128): (8, 3), ("sm_100", 128): (8, 3),
-     ("sm_120", 128): (8, 3)})
-ARCH_PREPARE_LAUNCH: Mapping[tuple[str, int], tuple[int, int]] = types.MappingProxyType({("sm_100", 128): (64, 4)})
-
+    {**{(arch, 64): (8, 3) for arch in _NARROW_ONLY}, **{(arch, 128): (8, 3) for arch in _NARROW_ONLY},
+     **{(arch, 256): (8, 2) for arch in _NARROW_ONLY}, ("sm_100", 128): (8, 3), ("sm_103", 128): (8, 3)})
+ARCH_PREPARE_LAUNCH: Mapping[tuple[str, int], tuple[int, int]] = types.MappingProxyType(
+    {("sm_100", 128): (64, 4), ("sm_103", 128): (64, 4)})
 
 def triton_pass_launches(arch: str | None, block_k: int) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
     """(V tiles (wide, narrow), (num_warps, num_stages) of the sequential passes, (V tile, num_warps) of the

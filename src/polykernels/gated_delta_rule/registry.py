@@ -39,26 +39,26 @@ _RECURRENCE_BV = RECURRENCE_BLOCK_V[128][1]
 _RECURRENCE_WARPS, _RECURRENCE_STAGES = RECURRENCE_LAUNCH[128]
 
 
-def _arch_launches() -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
-    return triton_pass_launches(platform.current().arch, 128)
+def _arch_launches(block_k: int) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    return triton_pass_launches(platform.current().arch, block_k)
 
 
-def _prepare_tile() -> dict[str, int]:
-    block_v = _arch_launches()[2][0]
+def _prepare_tile(block_k: int) -> dict[str, int]:
+    block_v = _arch_launches(block_k)[2][0]
     return {"BV": block_v, "NV": 128 // block_v}
 
 
-def _prepare_options() -> dict[str, int]:
-    return {"num_warps": _arch_launches()[2][1]}
+def _prepare_options(block_k: int) -> dict[str, int]:
+    return {"num_warps": _arch_launches(block_k)[2][1]}
 
 
-def _recurrence_tile(wide: bool) -> dict[str, int]:
-    block_v = _arch_launches()[0][0 if wide else 1]
+def _recurrence_tile(block_k: int, wide: bool) -> dict[str, int]:
+    block_v = _arch_launches(block_k)[0][0 if wide else 1]
     return {"BV": block_v, "NV": 128 // block_v}
 
 
-def _recurrence_options() -> dict[str, int]:
-    num_warps, num_stages = _arch_launches()[1]
+def _recurrence_options(block_k: int) -> dict[str, int]:
+    num_warps, num_stages = _arch_launches(block_k)[1]
     return {"num_warps": num_warps, "num_stages": num_stages}
 
 
@@ -85,15 +85,6 @@ _PREPARE_SIGNATURE = {
     **_constexpr("H", "HV", "K", "V", "BT", "BK", "BV", "NV", "L2NORM", "VARLEN", "LOG_N", "DOT_PRECISION",
                  "INVERSE_PRECISION"),
 }
-# fp32 inputs too: their products' precision is per target (guards.prepare_precision).
-for _name, _fp32_inputs in (("gdn_prepare", False), ("gdn_prepare_fp32", True)):
-    register(KernelSpec(
-        name=_name, module=_PASSES, function="gdn_prepare_kernel",
-        signature=_fp32(_PREPARE_SIGNATURE) if _fp32_inputs else _PREPARE_SIGNATURE,
-        constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV},
-        platform_constexprs=lambda fp32_inputs=_fp32_inputs: {**_prepare_precision(fp32_inputs), **_prepare_tile()},
-        options={"num_warps": _PREPARE_WARPS, "num_stages": 1}, platform_options=_prepare_options,
-    ))
 _RECURRENCE_SIGNATURE = {
     "Q_ptr": "*bf16", "K_ptr": "*bf16", "W_ptr": "*bf16", "U_ptr": "*bf16", "P_ptr": "*bf16", "QS_ptr": "*fp32",
     "KS_ptr": "*fp32", "DECAY_ptr": "*fp32", "HINIT_ptr": "*fp32", "HT_ptr": "*fp32", "O_ptr": "*bf16",
@@ -108,24 +99,42 @@ def _precision_fp32() -> dict[str, str]:
     return {"DOT_PRECISION": dot_precision(fp32_inputs=True)}
 
 
-# fp32 inputs too: their pipeline stages take twice the shared memory (three do not fit an H200 at
-# K = 128; the launcher then drops one, and the matrix shows how many fit on each target). Both V tiles of
-# the target's arch (the wide one is the narrow one where the arch runs no wide tile).
-for _name, _segment_state, _signature, _precise, _wide in (
-    ("gdn_recurrence", False, _RECURRENCE_SIGNATURE, _precision, False),
-    ("gdn_segment_state", True, _RECURRENCE_SIGNATURE, _precision, False),
-    ("gdn_recurrence_wide", False, _RECURRENCE_SIGNATURE, _precision, True),
-    ("gdn_segment_state_wide", True, _RECURRENCE_SIGNATURE, _precision, True),
-    ("gdn_recurrence_fp32", False, _fp32(_RECURRENCE_SIGNATURE), _precision_fp32, False),
-):
-    register(KernelSpec(
-        name=_name, module=_PASSES, function="gdn_recurrence_kernel", signature=_signature,
-        constexprs={**_SHAPE, "V": 128, "BV": _RECURRENCE_BV, "NV": 128 // _RECURRENCE_BV, "VARLEN": True,
-                    "LOG_N": 4, "HAS_INITIAL": True, "SEGMENT_STATE": _segment_state, "STORE_FINAL": True},
-        platform_constexprs=lambda precise=_precise, wide=_wide: {**precise(), **_recurrence_tile(wide)},
+def triton_pass_specs(block_k: int = 128) -> list[KernelSpec]:
+    """The Triton passes' specs at K = ``block_k`` (V = 128), with the V tile, warps and stages the launcher
+    takes on the platform asked about (launch.triton_pass_launches): the prepare pass, the sequential passes
+    at both V tiles (the wide one is the narrow one where the arch runs no wide tile), and fp32 inputs. At
+    K = 128 they are the registry's; tests compile the others. fp32 inputs: their products' precision is per
+    target (guards), and their pipeline stages take twice the shared memory (three do not fit an H200 at K =
+    128; the launcher then drops one, and the matrix shows how many fit on each target)."""
+    suffix = "" if block_k == 128 else f"_k{block_k}"
+    shape = {**_SHAPE, "K": block_k, "BK": block_k}
+    specs = [KernelSpec(
+        name=f"{name}{suffix}", module=_PASSES, function="gdn_prepare_kernel",
+        signature=_fp32(_PREPARE_SIGNATURE) if fp32_inputs else _PREPARE_SIGNATURE,
+        constexprs={**shape, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV},
+        platform_constexprs=lambda fp32_inputs=fp32_inputs: {**_prepare_precision(fp32_inputs),
+                                                             **_prepare_tile(block_k)},
+        options={"num_warps": _PREPARE_WARPS, "num_stages": 1},
+        platform_options=lambda: _prepare_options(block_k),
+    ) for name, fp32_inputs in (("gdn_prepare", False), ("gdn_prepare_fp32", True))]
+    specs += [KernelSpec(
+        name=f"{name}{suffix}", module=_PASSES, function="gdn_recurrence_kernel", signature=signature,
+        constexprs={**shape, "V": 128, "BV": _RECURRENCE_BV, "NV": 128 // _RECURRENCE_BV, "VARLEN": True,
+                    "LOG_N": 4, "HAS_INITIAL": True, "SEGMENT_STATE": segment_state, "STORE_FINAL": True},
+        platform_constexprs=lambda precise=precise, wide=wide: {**precise(), **_recurrence_tile(block_k, wide)},
         options={"num_warps": _RECURRENCE_WARPS, "num_stages": _RECURRENCE_STAGES},
-        platform_options=_recurrence_options,
-    ))
+        platform_options=lambda: _recurrence_options(block_k),
+    ) for name, segment_state, signature, precise, wide in (
+        ("gdn_recurrence", False, _RECURRENCE_SIGNATURE, _precision, False),
+        ("gdn_segment_state", True, _RECURRENCE_SIGNATURE, _precision, False),
+        ("gdn_recurrence_wide", False, _RECURRENCE_SIGNATURE, _precision, True),
+        ("gdn_segment_state_wide", True, _RECURRENCE_SIGNATURE, _precision, True),
+        ("gdn_recurrence_fp32", False, _fp32(_RECURRENCE_SIGNATURE), _precision_fp32, False))]
+    return specs
+
+
+for _spec in triton_pass_specs():
+    register(_spec)
 register(KernelSpec(
     name="gdn_combine", module=_MODULE, function="gdn_combine_kernel",
     signature={"H0_ptr": "*fp32", "HLOC_ptr": "*fp32", "M_ptr": "*fp32", "HINIT_ptr": "*fp32", "CU": "*i32",

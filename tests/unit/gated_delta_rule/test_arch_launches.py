@@ -3,6 +3,7 @@ compiles there with no spill inside a loop."""
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -59,25 +60,80 @@ def test_archs_without_an_entry_take_the_default_tables(monkeypatch: pytest.Monk
         assert recipe.prepare_meta["num_warps"] == launch.PREPARE_LAUNCH[128][1], target
 
 
-def _arch_targets() -> list[str]:
-    archs = {arch for arch, _ in (*launch.ARCH_RECURRENCE_BLOCK_V, *launch.ARCH_RECURRENCE_LAUNCH,
-                                  *launch.ARCH_PREPARE_LAUNCH)}
-    return sorted(f"cuda:{arch.removeprefix('sm_')}" for arch in archs)
+# Compiles Triton pass specs at one K tile for one target in a process of its own (a bad compile can end
+# the process), as the compile matrix does: argv = target, K tile, names; prints each result's JSON.
+_COMPILE = """
+import json, sys
+from polykernels import kernel_registry
+from polykernels.gated_delta_rule.registry import triton_pass_specs
+target, block_k, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+specs = {spec.name: spec for spec in triton_pass_specs(block_k)}
+for name in names:
+    kernel_registry.register(specs[name])
+    print(json.dumps(kernel_registry.compile_here(name, target)), flush=True)
+"""
+
+
+def _compiled(target: str, block_k: int, names: list[str]) -> dict[str, dict]:
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _COMPILE, target, str(block_k), *names], capture_output=True,
+                          text=True, env=env, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return {row["kernel"]: row["resources"] for row in rows}
+
+
+def _entries() -> dict[str, list[tuple[int, list[str]]]]:
+    """Per arch, the K tiles its table entries cover and the passes each entry sets (names at that K)."""
+    found: dict[str, dict[int, set[str]]] = {}
+    for arch, block_k in (*launch.ARCH_RECURRENCE_BLOCK_V, *launch.ARCH_RECURRENCE_LAUNCH):
+        wide, narrow = launch.triton_pass_launches(arch, block_k)[0]
+        found.setdefault(arch, {}).setdefault(block_k, set()).update(
+            ["gdn_recurrence", "gdn_segment_state", *(["gdn_recurrence_wide", "gdn_segment_state_wide"]
+                                                      if wide != narrow else [])])
+    for arch, block_k in launch.ARCH_PREPARE_LAUNCH:
+        found.setdefault(arch, {}).setdefault(block_k, set()).add("gdn_prepare")
+    suffix = {128: ""}
+    return {arch: [(block_k, sorted(name + suffix.get(block_k, f"_k{block_k}") for name in names))
+                   for block_k, names in sorted(by_k.items())] for arch, by_k in found.items()}
+
+
+# The archs whose code the cuobjdump Triton ships reads (it places a spill inside a loop or not), and for the
+# two it cannot, the arch whose registers and spills they match.
+_SIBLINGS = {"sm_103": "sm_100", "sm_121": "sm_120"}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", _arch_targets())
-def test_each_arch_entry_compiles_without_a_spill_inside_a_loop(target: str) -> None:
-    # What the per-arch tables were chosen for, checked on this CPU as the compile matrix compiles them: the
-    # launcher's warps, stages and V tiles on that arch (the registry asks launch.triton_pass_launches).
-    from polykernels.kernel_registry import probe
-
-    block_vs = launch.triton_pass_launches(platform.for_triton_target(target).arch, 128)[0]
-    names = ["gdn_prepare", "gdn_recurrence", "gdn_segment_state"]
-    if block_vs[0] != block_vs[1]:
-        names += ["gdn_recurrence_wide", "gdn_segment_state_wide"]
+@pytest.mark.parametrize("arch", sorted(set(_entries()) - set(_SIBLINGS)))
+def test_each_arch_entry_compiles_without_a_spill_inside_a_loop(arch: str) -> None:
+    # What the per-arch tables were chosen for, checked on this CPU: every pass an entry sets, compiled with the
+    # launcher's warps, stages and V tiles on that arch (launch.triton_pass_launches) at the entry's K tile.
+    target = f"cuda:{arch.removeprefix('sm_')}"
+    entries = _entries()[arch]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = list(pool.map(lambda name: probe(name, target), names))
-    for result in results:
-        assert result.compiled, result.detail
-        assert not result.resources.get("loop_spill_instructions"), result.detail
+        results = list(pool.map(lambda entry: _compiled(target, *entry), entries))
+    for (block_k, names), found in zip(entries, results, strict=True):
+        assert sorted(found) == names
+        for name, used in found.items():
+            assert "registers" in used, (name, used)  # cuobjdump read the code
+            assert not used.get("loop_spill_instructions"), (block_k, name, used)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", sorted(_SIBLINGS))
+def test_archs_the_tools_cannot_place_spills_for_compile_as_their_siblings(arch: str) -> None:
+    # sm_103 and sm_121 take sm_100's and sm_120's entries: at K = 128 their passes compile to the same
+    # registers and spill bytes.
+    sibling = _SIBLINGS[arch]
+    assert {key[1:]: value for key, value in launch.ARCH_RECURRENCE_LAUNCH.items() if key[0] == arch} == \
+        {key[1:]: value for key, value in launch.ARCH_RECURRENCE_LAUNCH.items() if key[0] == sibling}
+    names = ["gdn_recurrence", "gdn_segment_state", "gdn_prepare"]
+    found = {target: _compiled(target, 128, names) for target in (f"cuda:{arch[3:]}", f"cuda:{sibling[3:]}")}
+    mine, theirs = found.values()
+    for name in names:
+        assert (mine[name]["registers"], mine[name]["spill_bytes"]) == \
+            (theirs[name]["registers"], theirs[name]["spill_bytes"]), name
