@@ -66,13 +66,18 @@ def report(shape: GdnShape, dtype: torch.dtype = torch.bfloat16, sms: int | None
     q_shape = torch.Size([batch, tokens, shape.heads, shape.key_dim])
     v_shape = torch.Size([batch, tokens, shape.value_heads, shape.value_dim])
     device = torch.device("cuda", torch.cuda.current_device()) if sms is None else torch.device("cuda")
-    tables = launch.launch_tables(launch._block(shape.key_dim), seen.arch)
+    block_k = launch._block(shape.key_dim)
     recipe = launch._recipe(q_shape, v_shape, dtype, torch.int32 if shape.packed else None, shape.num_seqs, False,
-                            True, False, None, device, seen, *tables, sms=sms)
+                            True, False, None, device, seen, *launch.launch_tables(block_k, seen.arch), sms=sms)
     plan = recipe.plan
+    # The Triton passes run (not both Gluon passes) with their arch's own launches, not the default's.
+    own = (not (recipe.hopper and recipe.hopper_prepare)
+           and launch.triton_pass_launches(seen.arch, block_k) != launch.triton_pass_launches(None, block_k))
     row.update({
         "segments": plan.segments, "segment_chunks": plan.segment_chunks, "v_tile": plan.block_v * plan.warpgroups,
         "plan": plan.reason,
+        **({"launch_table": f"{seen.arch}'s entries in launch.ARCH_* (the default launches spill inside the chunk "
+                            "loop there)"} if own else {}),
         "launches": [_launch_line(name, grid, meta)
                      for _, grid, name, meta, _ in launch._launches(recipe, launch._launchers(), ())],
     })
@@ -106,5 +111,7 @@ def render(row: dict[str, object]) -> str:
     lines.append(f"  {row['segments']} segment(s) of {row['segment_chunks']} chunks per sequence, "
                  f"{row['v_tile']}-column V tiles")
     lines.append(f"  plan: {row['plan']}")
+    if "launch_table" in row:
+        lines.append(f"  launches: {row['launch_table']}")
     lines.extend(f"  {i}. {line}" for i, line in enumerate(row["launches"], start=1))
     return "\n".join(lines)

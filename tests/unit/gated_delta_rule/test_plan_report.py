@@ -74,6 +74,9 @@ def test_info_gdn_prints_the_plan_for_a_target(gluon_release: None, capsys: pyte
     assert main(["info", "--gdn", "1,32768,2,8", "--target", "cuda:80", "--sms", "108"]) == 0
     out = capsys.readouterr().out
     assert "32-column V tiles" in out and "output pass: grid (4, 3, 8), 8 warps, 3 stages" in out
+    assert "launches: sm_80's entries in launch.ARCH_*" in out
+    assert main(["info", "--gdn", "1,32768,2,8", "--target", "hip:gfx942", "--sms", "304"]) == 0
+    assert "launches:" not in capsys.readouterr().out  # the default launches there
 
 
 @pytest.mark.parametrize("argv", [
