@@ -23,7 +23,7 @@ from polykernels import platform
 
 def sweep_gdn(device: str) -> list[dict]:
     from polykernels.gated_delta_rule import chunk_gated_delta_rule
-    from polykernels.gated_delta_rule.launch import plan_segments
+    from polykernels.gated_delta_rule.launch import plan_segments, triton_pass_launches
 
     results = []
     for name, batch, tokens, heads, value_heads, lengths in GDN_SHAPES:
@@ -32,8 +32,8 @@ def sweep_gdn(device: str) -> list[dict]:
         if lengths is not None:
             cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=device, dtype=torch.int32)
         num_seqs = batch if cu is None else len(lengths)
-        auto = plan_segments(num_seqs, batch * tokens, value_heads,
-                             platform.sm_count(torch.device(device)))
+        auto = plan_segments(num_seqs, batch * tokens, value_heads, platform.sm_count(torch.device(device)),
+                             block_vs=triton_pass_launches(platform.current().arch, 128)[0])
         row = {"shape": name, "auto": auto.segments}
         for segments in (1, 2, 4, 8, 16):
             if segments > tokens // num_seqs // 64:
