@@ -362,6 +362,7 @@ ARCH_RECURRENCE_LAUNCH: Mapping[tuple[str, int], tuple[int, int]] = types.Mappin
 ARCH_PREPARE_LAUNCH: Mapping[tuple[str, int], tuple[int, int]] = types.MappingProxyType(
     {("sm_100", 128): (64, 4), ("sm_103", 128): (64, 4)})
 
+
 def triton_pass_launches(arch: str | None, block_k: int) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
     """(V tiles (wide, narrow), (num_warps, num_stages) of the sequential passes, (V tile, num_warps) of the
     prepare pass) of the Triton passes at K tile ``block_k`` on GPU arch ``arch``: the per-arch tables' entry
@@ -370,6 +371,8 @@ def triton_pass_launches(arch: str | None, block_k: int) -> tuple[tuple[int, int
     return (ARCH_RECURRENCE_BLOCK_V.get((arch or "", block_k), RECURRENCE_BLOCK_V[block_k]),
             ARCH_RECURRENCE_LAUNCH.get((arch or "", block_k), RECURRENCE_LAUNCH[block_k]),
             ARCH_PREPARE_LAUNCH.get((arch or "", prepare_k), PREPARE_LAUNCH[prepare_k]))
+
+
 # The sequential pass on sm_90 (hopper_kernels, 16-bit inputs, K of 64 or 128): cp.async stages per
 # V tile, what fits 227 KiB of shared memory beside the state's tiles (two stages at the narrow tile
 # measured 6-10% slower than three on the H200). An empty table turns the pass off.
