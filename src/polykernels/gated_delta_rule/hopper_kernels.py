@@ -182,7 +182,7 @@ def gdn_recurrence_hopper_kernel(
     i_s = gl.program_id(1).to(gl.int64)
     i_hv = gl.program_id(2).to(gl.int64)
     i_h = i_hv // (HV // H)
-    n, j, count, start, end, valid = _segment(i_s, CU, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN, LOG_N)
+    n, j, count, start, end, valid, _ = _segment(i_s, CU, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN, LOG_N)
     k_rows = gl.arange(0, BK, layout=rows_of)
     if SEGMENT_STATE:
         end, is_transition, col0, cols, u_limit = _segment_state_columns(i_col, j, count, start, end, NV, BV, V,

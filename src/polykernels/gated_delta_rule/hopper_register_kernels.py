@@ -390,11 +390,10 @@ def gdn_recurrence_hopper_rs_kernel(
         i_s = (i_s // runs) * SEGS_PER_SEQ + 1 + i_s % runs
     i_hv = gl.program_id(2).to(gl.int64)
     i_h = i_hv // (HV // H)
-    # Packed sequences after a lead: the programs number only the segments after each sequence's first.
-    n, j, count, start, end, valid = _segment(i_s, CU, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN, LOG_N,
-                                              FIRST_TAKES_REST, BT, AFTER_LEAD and VARLEN)
-    if AFTER_LEAD and VARLEN:
-        i_s = i_s + n + 1  # the segment's slot (h_local's, the scan's)
+    # Packed sequences after a lead: the programs number only the segments after each sequence's first, and i_s
+    # becomes the segment's slot (h_local's, the scan's).
+    n, j, count, start, end, valid, i_s = _segment(i_s, CU, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN, LOG_N,
+                                                   FIRST_TAKES_REST, BT, AFTER_LEAD and VARLEN)
     k_idx = gl.arange(0, BK, layout=k_cols)
     if SEGMENT_STATE:  # the transition programs start from their tile of the identity's transpose
         end, is_transition, col0, cols, u_limit = _segment_state_columns(i_col, j, count, start, end, NV, BV, V,

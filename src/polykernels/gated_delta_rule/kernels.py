@@ -89,13 +89,14 @@ def _first_slot(bos, n, SPAN):
 @triton.jit
 def _segment(i_s, CU, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN: tl.constexpr, LOG_N: tl.constexpr,
              FIRST_TAKES_REST: tl.constexpr = False, BT: tl.constexpr = 64, AFTER_FIRST: tl.constexpr = False):
-    """(sequence, index in it, its segment count, first token, end token, valid) of segment i_s.
+    """(sequence, index in it, its segment count, first token, end token, valid, slot) of segment i_s: the
+    slot (h_local's and the transitions' row) is i_s itself but with AFTER_FIRST.
 
     FIRST_TAKES_REST (batch rows): every segment after the first has SEG_TOKENS, the last ending at the
     sequence's last chunk (of BT tokens), and the first takes the chunks they leave, more than SEG_TOKENS
     (launch.plan_segments' lead beside the prepare pass); otherwise the last is the one that differs.
     AFTER_FIRST (packed sequences): i_s numbers only the segments after each sequence's first
-    (``_sequence_of``); that of sequence n is slot i_s + n + 1."""
+    (``_sequence_of``); that of sequence n is slot i_s + n + 1, the slot returned."""
     if VARLEN:
         n = _sequence_of(CU, i_s, N, SEG_TOKENS, LOG_N, AFTER_FIRST)
         bos = tl.load(CU + n).to(tl.int64)
@@ -122,7 +123,7 @@ def _segment(i_s, CU, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN: tl.constexpr, LOG_
     else:
         end = tl.minimum(start + SEG_TOKENS, eos)
     end = tl.where(valid, end, start)
-    return n, j, count, start, end, valid
+    return n, j, count, start, end, valid, i_s
 
 
 @triton.jit

@@ -130,7 +130,7 @@ def gdn_recurrence_kernel(
     i_s = tl.program_id(1).to(tl.int64)
     i_hv = tl.program_id(2).to(tl.int64)
     i_h = i_hv // (HV // H)
-    n, j, count, start, end, valid = _segment(i_s, CU, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN, LOG_N)
+    n, j, count, start, end, valid, _ = _segment(i_s, CU, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN, LOG_N)
     rows = tl.arange(0, BT)
     k_rows = tl.arange(0, BK)
     k_cols = tl.arange(0, BK)

@@ -21,7 +21,6 @@ from polykernels.gated_delta_rule.launch import (
     HOPPER_STAGES,
     PREPARE_LAUNCH,
     RECURRENCE_BLOCK_V,
-    RECURRENCE_LAUNCH,
     combine_operator_block,
     hopper_pass,
     triton_pass_launches,
@@ -32,11 +31,10 @@ _MODULE = "polykernels.gated_delta_rule.kernels"
 _PASSES = "polykernels.gated_delta_rule.recurrence_kernels"
 _SHAPE = {"H": 16, "HV": 32, "K": 128, "BT": 64, "BK": 128}
 _SEGMENTS = {"VARLEN": True, "LOG_N": 4, "L2NORM": True}
-# The launcher's choices for K = V = 128 (launch.py's tables): the narrow V tile of the recurrence. The
-# Triton passes take their arch's (launch.triton_pass_launches, asked on each compile target).
-_PREPARE_BV, _PREPARE_WARPS = PREPARE_LAUNCH[128]
+# The launcher's choices for K = V = 128 (launch.py's tables) in the Gluon passes' specs: the narrow V tile of
+# the recurrence, the prepare pass's V tile. The Triton passes' specs take their arch's (triton_pass_specs).
+_PREPARE_BV = PREPARE_LAUNCH[128][0]
 _RECURRENCE_BV = RECURRENCE_BLOCK_V[128][1]
-_RECURRENCE_WARPS, _RECURRENCE_STAGES = RECURRENCE_LAUNCH[128]
 
 
 def _arch_launches(block_k: int) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
@@ -111,18 +109,17 @@ def triton_pass_specs(block_k: int = 128) -> list[KernelSpec]:
     specs = [KernelSpec(
         name=f"{name}{suffix}", module=_PASSES, function="gdn_prepare_kernel",
         signature=_fp32(_PREPARE_SIGNATURE) if fp32_inputs else _PREPARE_SIGNATURE,
-        constexprs={**shape, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV},
+        constexprs={**shape, **_SEGMENTS, "V": 128},
         platform_constexprs=lambda fp32_inputs=fp32_inputs: {**_prepare_precision(fp32_inputs),
                                                              **_prepare_tile(block_k)},
-        options={"num_warps": _PREPARE_WARPS, "num_stages": 1},
+        options={"num_stages": 1},
         platform_options=lambda: _prepare_options(block_k),
     ) for name, fp32_inputs in (("gdn_prepare", False), ("gdn_prepare_fp32", True))]
     specs += [KernelSpec(
         name=f"{name}{suffix}", module=_PASSES, function="gdn_recurrence_kernel", signature=signature,
-        constexprs={**shape, "V": 128, "BV": _RECURRENCE_BV, "NV": 128 // _RECURRENCE_BV, "VARLEN": True,
-                    "LOG_N": 4, "HAS_INITIAL": True, "SEGMENT_STATE": segment_state, "STORE_FINAL": True},
+        constexprs={**shape, "V": 128, "VARLEN": True, "LOG_N": 4, "HAS_INITIAL": True,
+                    "SEGMENT_STATE": segment_state, "STORE_FINAL": True},
         platform_constexprs=lambda precise=precise, wide=wide: {**precise(), **_recurrence_tile(block_k, wide)},
-        options={"num_warps": _RECURRENCE_WARPS, "num_stages": _RECURRENCE_STAGES},
         platform_options=lambda: _recurrence_options(block_k),
     ) for name, segment_state, signature, precise, wide in (
         ("gdn_recurrence", False, _RECURRENCE_SIGNATURE, _precision, False),
