@@ -1,8 +1,9 @@
-"""python -m benchmarks.gdn_accuracy [MAX_TOKENS] [--case TEXT]: bf16 error of ours and FLA against
-the fp64 recurrence.
+"""python -m benchmarks.gdn_accuracy [MAX_TOKENS] [--case TEXT] [--keys FAMILY]: bf16 error of ours and
+FLA against the fp64 recurrence.
 
 Relative RMS error (the spec's measure) of o and the final state at every benchmark shape, both
-implementations on the same inputs; the goal is ours <= 1.5x FLA's.
+implementations on the same inputs; the goal is ours <= 1.5x FLA's. ``--keys``: the bench's random
+keys, or keys that point one way under slowly decaying gates (registry.GDN_KEYS).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 
 import torch
 
-from benchmarks.registry import GDN_SHAPES, gdn_inputs
+from benchmarks.registry import GDN_KEYS, GDN_SHAPES, gdn_inputs
 
 
 def relative_rms_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -21,7 +22,7 @@ def relative_rms_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return float(diff / expected.double().pow(2).mean().sqrt().clamp_min(1e-30))
 
 
-def main(max_tokens: int, cases: list[str] | None = None) -> list[dict]:
+def main(max_tokens: int, cases: list[str] | None = None, keys: str = "random") -> list[dict]:
     from polykernels.gated_delta_rule import chunk_gated_delta_rule, naive_recurrent_gated_delta_rule
 
     fla = None
@@ -31,13 +32,13 @@ def main(max_tokens: int, cases: list[str] | None = None) -> list[dict]:
     for name, batch, tokens, heads, value_heads, lengths in GDN_SHAPES:
         if batch * tokens > max_tokens or (cases and not any(text in name for text in cases)):
             continue
-        inputs = gdn_inputs(batch, tokens, heads, value_heads, "cuda")
+        inputs = gdn_inputs(batch, tokens, heads, value_heads, "cuda", keys=keys)
         cu = None
         if lengths is not None:
             cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
         want_o, want_s = naive_recurrent_gated_delta_rule(*(t.double() for t in inputs), output_final_state=True,
                                                           cu_seqlens=cu)
-        row = {"shape": name}
+        row = {"shape": name, "keys": keys}
         impls = {"polykernels": chunk_gated_delta_rule}
         if fla is not None:
             impls["FLA"] = fla
@@ -54,5 +55,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gdn_accuracy")
     parser.add_argument("max_tokens", nargs="?", type=int, default=1 << 30, help="skip shapes with more tokens")
     parser.add_argument("--case", action="append", help="only the shapes whose name contains this text")
+    parser.add_argument("--keys", choices=GDN_KEYS, default="random", help="the inputs' key family")
     args = parser.parse_args()
-    main(args.max_tokens, args.case)
+    main(args.max_tokens, args.case, args.keys)

@@ -7,9 +7,10 @@ product as soon as it is issued): the scores, k k^T, the ten products of (I + A)
 Here products whose operands are ready are issued before any is awaited:
 
 1. k k^T and the scores q k^T, straight from the tiles cp.async brought in;
-2. (I + A)^-1 = (I + p0)(I + p1)...(I + p5) with p0 = -A, p(i+1) = p(i)^2: each step squares p
-   and multiplies the running product by (I + p) from the same copy of p (six steps, where one
-   after the other they were ten products); the left operands come from registers;
+2. (I + A)^-1 by block doubling (``kernels._unit_lower_inverse``): each level's two products, the
+   inverse so far and the rest of A times (I - N), are issued together from the same copy of -N
+   (six steps, where one after the other they were ten products); the left operands come from
+   registers;
 3. w = (Ai diag(beta gamma / ||k||)) k, then u = (Ai diag(beta)) v (one accumulator at a time).
 
 q, k and v never pass through registers on their way to the products (with the l2norm in the
@@ -53,14 +54,19 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from polykernels.gated_delta_rule.hopper_kernels import _copy_layout, _copy_tile, _mma_layout, _smem_layout
 
 # Element-wise and scalar arithmetic only (no layouts made), so the Triton helpers serve Gluon kernels too.
-from polykernels.gated_delta_rule.kernels import CHUNK_INVERSE_LEVELS, _bad, _bad_rows, _chunk_program, _chunk_span
+from polykernels.gated_delta_rule.kernels import (
+    CHUNK_INVERSE_LEVELS,
+    _bad,
+    _bad_rows,
+    _chunk_program,
+    _chunk_span,
+    _doubling_step,
+)
 from polykernels.gated_delta_rule.ready_flags import end_after_leader, raise_flag
 
 _NAN = gl.constexpr(float("nan"))
 _INF = gl.constexpr(float("inf"))
 _LOG2E = gl.constexpr(1.4426950408889634)
-# (I + A)^-1 of a 64-row chunk: the factors (I + p0) ... (I + p5), one more than the squarings.
-_FACTORS = gl.constexpr(CHUNK_INVERSE_LEVELS.value + 1)
 
 
 @gluon.jit
@@ -134,7 +140,7 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
     k_s = gl.allocate_shared_memory(dtype, [BT, BK], _smem_layout(BT, BK))
     q_s = gl.allocate_shared_memory(dtype, [BT, BK], _smem_layout(BT, BK))
     v_s = gl.allocate_shared_memory(dtype, [BT, BV], _smem_layout(BT, BV))
-    power_s = gl.allocate_shared_memory(gl.bfloat16, [BT, BT], _smem_layout(BT, BT))
+    step_s = gl.allocate_shared_memory(gl.bfloat16, [BT, BT], _smem_layout(BT, BT))
 
     # q and k go from cp.async straight into the products: their norms, beta and the gates scale the
     # products' rows and columns (and (I + A)^-1's columns) instead of the tiles.
@@ -197,37 +203,38 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
     keep_r, keep_c = r < first_bad, c < first_bad
     rk = _inverse_row_norm(kk, r, c, L2NORM)
     # gamma_rc = exp(gc_r - gc_c) and each product's row and column scales meet in one exponent per
-    # element, the scales as base-2 logarithms: p0_rc = -kk_rc 2^(a_r - b_c), scores_rc = qk_rc 2^(s_r - b_c).
+    # element, the scales as base-2 logarithms: A_rc = kk_rc 2^(a_r - b_c), scores_rc = qk_rc 2^(s_r - b_c).
     # A row past the valid ones has a = -inf (beta 0), a column past them b = +inf: 2^-inf = 0. One FADD,
     # MUFU and FMUL per element where exp and three products took six or more.
     b_c = gl.convert_layout(gl.where(keep_r, gc * _LOG2E - gl.log2(rk), _INF), gl.SliceLayout(0, square))
     a_r = gl.where(keep_r, gc * _LOG2E + gl.log2(b_r * rk), -_INF)
     s_r = gc * _LOG2E + gl.log2(scale * rq)
-    p0 = gl.where(r[:, None] > c[None, :], -(kk * _exp2(a_r[:, None] - b_c[None, :])), 0.0)
+    a = gl.where(r[:, None] > c[None, :], kk * _exp2(a_r[:, None] - b_c[None, :]), 0.0)
     scores = gl.where(r[:, None] >= c[None, :], scores * _exp2(s_r[:, None] - b_c[None, :]), 0.0)
 
-    # Step 2: (I + A)^-1, the squaring of p and the running product issued together. Left operands
-    # come from registers; p, the right operand of both, goes through shared memory.
+    # Step 2: (I + A)^-1 by block doubling, level by level: -N goes through shared memory, the right
+    # operand of both products; their left operands (the inverse so far, the rest of A) come from registers.
     left: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=square, k_width=2)
-    inverse = gl.where(r[:, None] == c[None, :], 1.0, 0.0) + p0  # (I + p0)
-    power_lp = p0.to(gl.bfloat16)
-    power_s.store(power_lp)
+    step = _doubling_step(a, r, c, 0)
+    rest = a + step
+    inverse = gl.where(r[:, None] == c[None, :], 1.0, 0.0) + step  # blocks of 2 rows: I - N, no product
+    step_s.store(step.to(gl.bfloat16))
     fence_async_shared()
-    power = warpgroup_mma(gl.convert_layout(power_lp, left), power_s, zero, use_acc=False, is_async=True)
+    rest = warpgroup_mma(gl.convert_layout(rest.to(gl.bfloat16), left), step_s, rest, is_async=True)
     # In the first product's shadow: the scores leave.
     _store_rows(P_ptr + row_of * BT, scores.to(P_ptr.dtype.element_ty), length, BT, HV * BT, BT, BT)
-    power = warpgroup_mma_wait(0, deps=(power,))  # p1
-    for _ in gl.static_range(_FACTORS - 2):  # times (I + p1) ... (I + p4); p2 ... p5
-        power_lp = power.to(gl.bfloat16)
-        power_s.store(power_lp)
+    rest = warpgroup_mma_wait(0, deps=(rest,))
+    for level in gl.static_range(1, CHUNK_INVERSE_LEVELS):
+        step = _doubling_step(rest, r, c, level)
+        rest = rest + step
+        step_s.store(step.to(gl.bfloat16))
         fence_async_shared()
-        power = warpgroup_mma(gl.convert_layout(power_lp, left), power_s, zero, use_acc=False, is_async=True)
-        inverse = warpgroup_mma(gl.convert_layout(inverse.to(gl.bfloat16), left), power_s, inverse, is_async=True)
-        power, inverse = warpgroup_mma_wait(0, deps=(power, inverse))
-    power_s.store(power.to(gl.bfloat16))
-    fence_async_shared()
-    inverse = warpgroup_mma(gl.convert_layout(inverse.to(gl.bfloat16), left), power_s, inverse, is_async=True)
-    inverse = warpgroup_mma_wait(0, deps=(inverse,))
+        inverse = warpgroup_mma(gl.convert_layout(inverse.to(gl.bfloat16), left), step_s, inverse, is_async=True)
+        if level < CHUNK_INVERSE_LEVELS - 1:
+            rest = warpgroup_mma(gl.convert_layout(rest.to(gl.bfloat16), left), step_s, rest, is_async=True)
+            inverse, rest = warpgroup_mma_wait(0, deps=(inverse, rest))
+        else:
+            inverse = warpgroup_mma_wait(0, deps=(inverse,))
 
     if STORE_T:
         # launch.HOPPER_PAIRS_FROM_V: T = Ai diag(beta) leaves in w's place (BT columns) and k's per-token

@@ -20,8 +20,8 @@ import triton
 import triton.language as tl
 
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
-# (I + A)^-1 of a 64-row chunk: a^64 = 0, so (I - a)(I + a^2)(I + a^4)...(I + a^32).
-CHUNK_INVERSE_LEVELS = tl.constexpr(5)
+# (I + A)^-1 of a 64-row chunk by block doubling: diagonal blocks of 2, 4, ..., 64 rows (log2 64 levels).
+CHUNK_INVERSE_LEVELS = tl.constexpr(6)
 
 
 @triton.jit
@@ -144,14 +144,40 @@ def _product(x, y, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _doubling_step(rest, r, c, LEVEL: tl.constexpr):
+    """-N: N is ``rest`` inside the diagonal blocks of 2^(LEVEL + 1) rows, zero outside them (r, c: the
+    tile's row and column indices; element-wise only, so Gluon kernels share it). ``rest + step`` is the
+    rest outside them: an add, where a second select made ptxas serialize the Gluon pass's products."""
+    inside = (r[:, None] >> (LEVEL + 1)) == (c[None, :] >> (LEVEL + 1))
+    return tl.where(inside, -rest, 0.0)
+
+
+@triton.jit
 def _unit_lower_inverse(a, N: tl.constexpr, LEVELS: tl.constexpr, PRECISION: tl.constexpr):
-    """(I + a)^-1 for strictly lower N x N a (a^N = 0): (I - a)(I + a^2)(I + a^4)... as products."""
+    """(I + a)^-1 for strictly lower N x N a (N = 2^LEVELS), by block doubling.
+
+    With L_s the diagonal blocks of s rows of L = I + a and E_s the part of a that joins two of them
+    into a block of 2s rows, L_2s = (I + N_s) L_s with N_s = E_s L_s^-1 and N_s^2 = 0, so
+    L_2s^-1 = L_s^-1 (I - N_s). rest = (a outside the blocks of s rows) L_s^-1 holds every N to come:
+    N_s is its part inside the blocks of 2s rows, and rest (I - N_s) is the next level's. Every
+    operand is a block of the inverse or of a times one (no entry larger than the result's), and
+    each level's two products share their right operand and are independent.
+
+    Not the series (I - a)(I + a^2)(I + a^4)...: its partial products are (I - a^(2^m)) (I + a)^-1,
+    and a^32 of a chunk whose keys point the same way (a repeated token, slowly decaying gates)
+    reaches 1e4-1e17 before the last factor cancels it (BENCHMARKS.md, "(I + A)^-1 by block
+    doubling"): bf16 operands then gave NaN outputs, fp32 ones errors of 40x the output."""
     r = tl.arange(0, N)
-    power = -a
-    inverse = (r[:, None] == r[None, :]).to(tl.float32) + power
-    for _ in tl.static_range(LEVELS):
-        power = _product(power, power, PRECISION)
-        inverse = inverse + _product(inverse, power, PRECISION)
+    step = _doubling_step(a, r, r, 0)
+    rest = a + step
+    inverse = (r[:, None] == r[None, :]).to(tl.float32) + step  # blocks of 2 rows: I - N_1, no product
+    rest = rest + _product(rest, step, PRECISION)
+    for level in tl.static_range(1, LEVELS):
+        step = _doubling_step(rest, r, r, level)
+        rest = rest + step
+        inverse = inverse + _product(inverse, step, PRECISION)
+        if level < LEVELS - 1:
+            rest = rest + _product(rest, step, PRECISION)
     return inverse
 
 
