@@ -12,7 +12,9 @@ checks exactly that, asking the same guard the launcher asks.
 from __future__ import annotations
 
 import argparse
+import bisect
 import importlib
+import itertools
 import json
 import os
 import re
@@ -203,27 +205,114 @@ def _cuobjdump_sass(cubin: bytes) -> str:
 
 
 # A SASS line: /*address*/ [predicate] OPCODE operands ; and a branch's target address.
-_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*)")
+_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*)")
 _BRANCH_TARGET = re.compile(r"\b(0x[0-9a-f]+)")
+# A predicate among a branch's operands (``BRA.U !UP0, 0x44b0``): the branch is taken on it alone.
+_OPERAND_PREDICATE = re.compile(r"\s*!?U?P[0-7T]\s*,")
 
 
 def loop_local_memory_instructions(sass: str) -> int:
-    """Spill loads and stores (``LDL``/``STL``) inside loops of a kernel's SASS: between a backward
-    branch and its target. A spill there is paid every iteration: the first form of the
-    register-state sequential pass reloaded one address per chunk and lost 40% to it on the H200
-    (BENCHMARKS.md, "thirteenth set"); spills before or after the loop cost once."""
-    instructions = []  # (address, opcode, operands)
+    """Spill loads and stores (``LDL``/``STL``) inside loops of a kernel's SASS. A spill there is paid
+    every iteration: the first form of the register-state sequential pass reloaded one address per chunk
+    and lost 40% to it on the H200 (BENCHMARKS.md, "thirteenth set"); spills before or after the loop
+    cost once.
+
+    A loop is a natural loop of the control-flow graph: a branch back to a block that every path to the
+    branch goes through, and the blocks that reach the branch from it. Not every backward branch: sm_100
+    code waits on an mbarrier in a stub at the function's end, entered by a forward branch and left by a
+    branch back to where it was entered, and the code between the two is not repeated."""
+    instructions = []  # (address, predicated, opcode, operands)
     for line in sass.splitlines():
         match = _SASS_LINE.search(line)
         if match:
-            instructions.append((int(match[1], 16), match[2], match[3]))
-    loops = []
-    for address, opcode, operands in instructions:
-        target = _BRANCH_TARGET.search(operands) if opcode.startswith("BRA") else None
-        if target and int(target[1], 16) < address:
-            loops.append((int(target[1], 16), address))
-    return sum(1 for address, opcode, _ in instructions if opcode.split(".")[0] in ("LDL", "STL")
-               and any(start <= address <= end for start, end in loops))
+            instructions.append((int(match[1], 16), bool(match[2]), match[3], match[4]))
+    successors = _control_flow(instructions)
+    loops: set[int] = set()
+    for block, targets in successors.items():
+        for header in targets:
+            if header <= block:
+                loops |= _natural_loop(successors, header, block)
+    starts = sorted(successors)
+    return sum(1 for address, _, opcode, _ in instructions if _base(opcode) in ("LDL", "STL")
+               and starts[bisect.bisect_right(starts, address) - 1] in loops)
+
+
+def _base(opcode: str) -> str:
+    return opcode.split(".", maxsplit=1)[0]
+
+
+def _branch_target(opcode: str, operands: str) -> int | None:
+    target = _BRANCH_TARGET.search(operands) if _base(opcode) == "BRA" else None
+    return int(target[1], 16) if target else None
+
+
+def _call_target(opcode: str, operands: str) -> int | None:
+    target = _BRANCH_TARGET.search(operands) if opcode.startswith("CALL.REL") else None
+    return int(target[1], 16) if target else None
+
+
+def _control_flow(instructions: list[tuple[int, bool, str, str]]) -> dict[int, list[int]]:
+    """Basic blocks reachable from the entry (by first address) -> their successors' first addresses: branch
+    targets, the next block where control can fall through, and the callees of relative calls."""
+    if not instructions:
+        return {}
+    leaders = {instructions[0][0]}
+    for (_, _, opcode, operands), following in itertools.pairwise(instructions):
+        target = _branch_target(opcode, operands)
+        for start in (target, _call_target(opcode, operands)):
+            if start is not None:
+                leaders.add(start)
+        if target is not None or _base(opcode) in ("EXIT", "RET"):
+            leaders.add(following[0])
+    successors: dict[int, list[int]] = {}
+    block = instructions[0][0]
+    for index, (address, predicated, opcode, operands) in enumerate(instructions):
+        if address in leaders:
+            block = address
+            successors[block] = []
+        following = instructions[index + 1][0] if index + 1 < len(instructions) else None
+        target = _branch_target(opcode, operands)
+        called = _call_target(opcode, operands)
+        if called is not None:  # the callee's blocks are reached from here (its RET ends them)
+            successors[block].append(called)
+        ends = target is not None or _base(opcode) in ("EXIT", "RET") or following in leaders
+        if not ends:
+            continue
+        if target is not None:
+            successors[block].append(target)
+        conditional = predicated or (target is not None and _OPERAND_PREDICATE.match(operands) is not None)
+        falls_through = conditional or (target is None and _base(opcode) not in ("EXIT", "RET"))
+        if falls_through and following is not None:
+            successors[block].append(following)
+    reached, stack = set(), [instructions[0][0]]
+    while stack:
+        block = stack.pop()
+        if block in reached or block not in successors:
+            continue
+        reached.add(block)
+        stack.extend(successors[block])
+    return {block: [s for s in targets if s in reached] for block, targets in successors.items() if block in reached}
+
+
+def _natural_loop(successors: dict[int, list[int]], header: int, latch: int) -> set[int]:
+    """The blocks of the loop closed by the edge latch -> header: those that reach the latch without
+    passing the header, and the header. Empty where a path from the entry reaches the latch without
+    passing the header (the edge closes no loop)."""
+    predecessors: dict[int, list[int]] = {}
+    for block, targets in successors.items():
+        for target in targets:
+            predecessors.setdefault(target, []).append(block)
+    entry = min(successors)
+    body, stack = {header}, [latch]
+    while stack:
+        block = stack.pop()
+        if block in body:
+            continue
+        if block == entry:
+            return set()
+        body.add(block)
+        stack.extend(predecessors.get(block, []))
+    return body
 
 
 @dataclass(frozen=True, kw_only=True)

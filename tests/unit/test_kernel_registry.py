@@ -150,3 +150,22 @@ def test_loop_spills_are_counted_between_a_backward_branch_and_its_target() -> N
     """
     assert loop_local_memory_instructions(sass) == 2  # the STL and LDL.LU between 0x10 and the branch at 0x40
     assert loop_local_memory_instructions("") == 0
+
+
+def test_an_mbarrier_wait_stub_at_the_end_is_no_loop() -> None:
+    # sm_100 code: a failed wait branches forward to a stub that waits again and branches back to where
+    # it left. The branch back is backward, but the spills between its target and it run once.
+    sass = """
+        /*0000*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [UR9], RZ ;
+        /*0010*/              @!P1 BRA 0x80 ;
+        /*0020*/                   STL [R1], R2 ;
+        /*0030*/                   LDL R4, [R1+0x8] ;
+        /*0040*/                   BRA.U !UP0, 0x30 ;
+        /*0050*/                   STL [R1+0xc], R4 ;
+        /*0060*/                   EXIT ;
+        /*0070*/                   BRA 0x70 ;
+        /*0080*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [UR9], RZ ;
+        /*0090*/              @!P1 BRA 0x80 ;
+        /*00a0*/                   BRA 0x20 ;
+    """
+    assert loop_local_memory_instructions(sass) == 1  # the LDL of the loop 0x30-0x40 (a uniform predicate's) only

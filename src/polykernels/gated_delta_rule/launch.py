@@ -350,17 +350,19 @@ PREPARE_LAUNCH: Mapping[int, tuple[int, int]] = types.MappingProxyType({64: (64,
 #   stages: ptxas fell back to 32 registers and 6.3 KiB of stack per thread, 3,149 spill instructions in
 #   the loop.
 # - At K = 256, 32-column tiles spill in the loop on those archs at 8 and 16 warps: 16 columns there.
-# - sm_103 and sm_121 compile to the registers and spills of sm_100 and sm_120 at every launch swept (the
-#   cuobjdump Triton ships cannot read their code to place the spills) and take their entries.
+# - sm_121 compiles to the registers and spills of sm_120 at every launch swept (the cuobjdump Triton
+#   ships cannot read its code to place the spills) and takes its entries; sm_103 matches sm_100.
+# - sm_100 and sm_103 have none: their defaults spill outside loops only. (Entries of theirs, 8 warps and
+#   64-column prepare tiles, came from a count that took sm_100's mbarrier wait stubs for loops; BENCHMARKS.md,
+#   "(I + A)^-1 by block doubling".)
 # The segment-state pass shares the output pass's launch.
 _NARROW_ONLY = ("sm_80", "sm_86", "sm_89", "sm_120", "sm_121")
 ARCH_RECURRENCE_BLOCK_V: Mapping[tuple[str, int], tuple[int, int]] = types.MappingProxyType(
     {**{(arch, 128): (32, 32) for arch in _NARROW_ONLY}, **{(arch, 256): (16, 16) for arch in _NARROW_ONLY}})
 ARCH_RECURRENCE_LAUNCH: Mapping[tuple[str, int], tuple[int, int]] = types.MappingProxyType(
     {**{(arch, 64): (8, 3) for arch in _NARROW_ONLY}, **{(arch, 128): (8, 3) for arch in _NARROW_ONLY},
-     **{(arch, 256): (8, 2) for arch in _NARROW_ONLY}, ("sm_100", 128): (8, 3), ("sm_103", 128): (8, 3)})
-ARCH_PREPARE_LAUNCH: Mapping[tuple[str, int], tuple[int, int]] = types.MappingProxyType(
-    {("sm_100", 128): (64, 4), ("sm_103", 128): (64, 4)})
+     **{(arch, 256): (8, 2) for arch in _NARROW_ONLY}})
+ARCH_PREPARE_LAUNCH: Mapping[tuple[str, int], tuple[int, int]] = types.MappingProxyType({})
 
 
 def triton_pass_launches(arch: str | None, block_k: int) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
