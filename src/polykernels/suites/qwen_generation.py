@@ -6,6 +6,11 @@ and the greedy tokens identical up to half of the generated tokens or up to a ne
 where both runs saw the same prefix, their logits agree within TIE_TOLERANCE of the logits' range,
 and the two best tokens are closer than that (bf16 rounding can flip such a choice; a wrong
 kernel moves the logits far more). Nothing is downloaded: the configs are built here.
+
+Also perplexity within 1% on a text of one repeated token (padding, a run of spaces) through the same
+model with its linear-attention heads decaying slowly (as many trained heads do; the default init
+forgets within a few tokens): there a chunk's keys point one way, where an unstable (I + A)^-1 returned
+NaN (BENCHMARKS.md, "(I + A)^-1 by block doubling").
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ NAME = "qwen_generation"
 NEW_TOKENS = 32
 TEXT_LENGTH = 200  # the perplexity text: three full chunks of 64 and a partial one
 TIE_TOLERANCE = 0.03  # bf16: largest logit difference, as a fraction of max |logit|, at a forgiven flip
+REPEATED_TOKEN = 5
+SLOW_DECAY = (0.005, 0.1)  # the range of A (g = -A softplus(...), about -0.007 to -0.13 per token) for that text
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,7 +104,9 @@ def _family(name: str) -> Family:
     raise ValueError(f"unknown family {name!r}; known: {[f.name for f in FAMILIES]}")
 
 
-def build_model(device: torch.device, dtype: torch.dtype, family: str = "qwen3_next") -> Any:
+def build_model(device: torch.device, dtype: torch.dtype, family: str = "qwen3_next", *,
+                slow_decay: bool = False) -> Any:
+    """slow_decay: every linear-attention head's A drawn from SLOW_DECAY instead of the init's (0, 16)."""
     import transformers
     from transformers.utils import logging as transformers_logging
 
@@ -109,6 +118,13 @@ def build_model(device: torch.device, dtype: torch.dtype, family: str = "qwen3_n
     # Sharper logits than the default init: greedy choices are then decided by the model, not by ties.
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)
+        if slow_decay:
+            decays = [p for name, p in model.named_parameters() if name.endswith("linear_attn.A_log")]
+            if not decays:
+                raise RuntimeError(f"{spec.model_class} has no linear_attn.A_log: the slow-decay model needs one")
+            gen = torch.Generator().manual_seed(5)
+            for a_log in decays:
+                a_log.copy_(torch.empty(a_log.shape).uniform_(*SLOW_DECAY, generator=gen).log())
     return model.to(device=device, dtype=dtype)
 
 
@@ -196,7 +212,25 @@ def run_precision(family: Family, device: torch.device, dtype: torch.dtype) -> l
             metrics={"ours": ours.tokens, "reference": ref.tokens, "seconds_ours": our_seconds,
                      "seconds_reference": ref_seconds},
         ))
+    cases.append(_repeated_token_case(family, device, dtype, label))
     return cases
+
+
+@torch.no_grad()
+def _repeated_token_case(family: Family, device: torch.device, dtype: torch.dtype, label: str) -> CaseResult:
+    from polykernels.integrations.transformers import apply_to_qwen, reference_implementation
+
+    model = build_model(device, dtype, family.name, slow_decay=True)
+    text = torch.full((1, TEXT_LENGTH), REPEATED_TOKEN, device=device)
+    with apply_to_qwen(model, implementation=reference_implementation(model.config.model_type)):
+        ref_ppl = math.exp(float(model(text, labels=text).loss))
+    with apply_to_qwen(model):
+        our_ppl = math.exp(float(model(text, labels=text).loss))
+    relative = abs(our_ppl - ref_ppl) / ref_ppl
+    return CaseResult(name=f"{label}-repeated-token-perplexity", passed=relative < 0.01,
+                      detail=f"slowly decaying heads, one token {TEXT_LENGTH} times: polykernels {our_ppl:.4f} vs "
+                             f"reference {ref_ppl:.4f} ({100 * relative:.3f}%)",
+                      metrics={"ours": our_ppl, "reference": ref_ppl})
 
 
 def run(device: torch.device) -> SuiteResult:
