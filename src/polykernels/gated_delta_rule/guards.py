@@ -60,7 +60,9 @@ def inverse_precision(fp32_inputs: bool) -> str:
     (fp32 accumulation): on the H200 that made the prepare pass 1.19x faster than TF32 and moved
     w and u by 4-5e-4 relative, below the rounding of w and u to the inputs' dtype itself
     (BENCHMARKS.md, "chunk_gated_delta_rule: bf16 products for (I + A)^-1"). bf16 dots exist
-    on every target (sm_80+, gfx942, gfx950).
+    on every target (sm_80+, gfx942, gfx950). Their rounding stays that small because no operand of
+    the block doubling (kernels._unit_lower_inverse) is larger than the inverse itself; bf16 keeps
+    fp32's range where fp16 would not.
     Triton's CPU interpreter (the CPU tests) multiplies the bit patterns of the bf16 values it
     converts itself, so there the products stay fp32; the GPU tests and the compile matrix
     cover the bf16 products.

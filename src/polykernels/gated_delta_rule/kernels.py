@@ -160,13 +160,13 @@ def _unit_lower_inverse(a, N: tl.constexpr, LEVELS: tl.constexpr, PRECISION: tl.
     into a block of 2s rows, L_2s = (I + N_s) L_s with N_s = E_s L_s^-1 and N_s^2 = 0, so
     L_2s^-1 = L_s^-1 (I - N_s). rest = (a outside the blocks of s rows) L_s^-1 holds every N to come:
     N_s is its part inside the blocks of 2s rows, and rest (I - N_s) is the next level's. Every
-    operand is a block of the inverse or of a times one (no entry larger than the result's), and
-    each level's two products share their right operand and are independent.
+    operand is a block of the inverse or of a times one, never a power of a, and each level's two
+    products share their right operand and are independent.
 
     Not the series (I - a)(I + a^2)(I + a^4)...: its partial products are (I - a^(2^m)) (I + a)^-1,
     and a^32 of a chunk whose keys point the same way (a repeated token, slowly decaying gates)
     reaches 1e4-1e17 before the last factor cancels it (BENCHMARKS.md, "(I + A)^-1 by block
-    doubling"): bf16 operands then gave NaN outputs, fp32 ones errors of 40x the output."""
+    doubling"): bf16 operands then gave NaN outputs, fp32 ones errors of 41 to 3e10 times the output."""
     r = tl.arange(0, N)
     step = _doubling_step(a, r, r, 0)
     rest = a + step

@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from benchmarks.registry import GDN_KEYS, gdn_inputs
+
+
+def _cosines(k: torch.Tensor) -> torch.Tensor:
+    """Pairwise cosines of one head's keys, off the diagonal."""
+    keys = torch.nn.functional.normalize(k[0, :, 0].float(), dim=-1)
+    cosines = keys @ keys.T
+    return cosines[~torch.eye(len(keys), dtype=torch.bool)]
+
+
+def test_the_bench_keys_are_the_ones_every_earlier_set_timed() -> None:
+    # The random family draws what gdn_inputs drew before the families existed: earlier sets stay comparable.
+    q, k, v, g, beta = gdn_inputs(2, 96, 2, 4, "cpu")
+    gen = torch.Generator().manual_seed(0)
+    assert torch.equal(q, torch.randn(2, 96, 2, 128, dtype=torch.bfloat16, generator=gen))
+    assert torch.equal(k, torch.nn.functional.normalize(torch.randn(2, 96, 2, 128, generator=gen), dim=-1).bfloat16())
+    assert torch.equal(v, torch.randn(2, 96, 4, 128, dtype=torch.bfloat16, generator=gen))
+    assert torch.equal(g, torch.nn.functional.logsigmoid(torch.randn(2, 96, 4, generator=gen)))
+    assert torch.equal(beta, torch.rand(2, 96, 4, generator=gen).sigmoid().bfloat16())
+
+
+def test_the_key_families_point_one_way_under_slow_gates() -> None:
+    random, aligned, repeated = (gdn_inputs(1, 128, 2, 4, "cpu", keys=keys) for keys in GDN_KEYS)
+    assert _cosines(random[1]).abs().mean() < 0.1
+    assert 0.85 < _cosines(aligned[1]).mean() < 0.99
+    assert torch.equal(repeated[1], repeated[1][:, :1].expand_as(repeated[1]))
+    assert random[3].mean() < -0.5  # the bench's gates forget within a few tokens
+    for slow in (aligned, repeated):
+        assert -0.1 < slow[3].mean() < 0.0
+
+
+def test_an_unknown_key_family_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"keys must be one of \('random', 'aligned', 'repeated'\), got 'same'"):
+        gdn_inputs(1, 64, 1, 1, "cpu", keys="same")
