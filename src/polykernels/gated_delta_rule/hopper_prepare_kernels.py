@@ -8,9 +8,8 @@ Here products whose operands are ready are issued before any is awaited:
 
 1. k k^T and the scores q k^T, straight from the tiles cp.async brought in;
 2. (I + A)^-1 by block doubling (``kernels._unit_lower_inverse``): each level's two products, the
-   inverse so far and the rest of A times (I - N), are issued together from the same copy of -N
-   (six steps, where one after the other they were ten products); the left operands come from
-   registers;
+   inverse so far and z = -rest times (I - N), are issued together from the same copy of -N (six
+   steps, where one after the other they were ten products); the left operands come from registers;
 3. w = (Ai diag(beta gamma / ||k||)) k, then u = (Ai diag(beta)) v (one accumulator at a time).
 
 q, k and v never pass through registers on their way to the products (with the l2norm in the
@@ -74,6 +73,15 @@ def _exp2(x):
     """2^x, one MUFU.EX2 (results below fp32's normal range flush to zero, as scores and gates may)."""
     return gl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=gl.float32, is_pure=True,
                                      pack=1)
+
+
+@gluon.jit
+def _bf16_pairs(x):
+    """x in bf16, two elements per cvt.rn.bf16x2.f32, opaque to LLVM: a doubling step (a select of z)
+    converted with ``.to`` became a conversion of z (shared with z's own) followed by a select and a
+    repacking per element, 80 instructions of each level's chain where the select and this take 48."""
+    return gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f", [x], dtype=gl.bfloat16,
+                                     is_pure=True, pack=2)
 
 
 @gluon.jit
@@ -209,30 +217,29 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
     b_c = gl.convert_layout(gl.where(keep_r, gc * _LOG2E - gl.log2(rk), _INF), gl.SliceLayout(0, square))
     a_r = gl.where(keep_r, gc * _LOG2E + gl.log2(b_r * rk), -_INF)
     s_r = gc * _LOG2E + gl.log2(scale * rq)
-    a = gl.where(r[:, None] > c[None, :], kk * _exp2(a_r[:, None] - b_c[None, :]), 0.0)
+    minus_a = gl.where(r[:, None] > c[None, :], kk * -_exp2(a_r[:, None] - b_c[None, :]), 0.0)
     scores = gl.where(r[:, None] >= c[None, :], scores * _exp2(s_r[:, None] - b_c[None, :]), 0.0)
 
     # Step 2: (I + A)^-1 by block doubling, level by level: -N goes through shared memory, the right
-    # operand of both products; their left operands (the inverse so far, the rest of A) come from registers.
+    # operand of both products; their left operands (the inverse so far, z = -rest) come from registers.
     left: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=square, k_width=2)
-    step = _doubling_step(a, r, c, 0)
-    rest = a + step
-    inverse = gl.where(r[:, None] == c[None, :], 1.0, 0.0) + step  # blocks of 2 rows: I - N, no product
-    step_s.store(step.to(gl.bfloat16))
+    z = minus_a
+    step = _doubling_step(z, r, c, 0)
+    inverse = gl.where(r[:, None] == c[None, :], 1.0, step)  # blocks of 2 rows: I - N, no product
+    step_s.store(_bf16_pairs(step))
     fence_async_shared()
-    rest = warpgroup_mma(gl.convert_layout(rest.to(gl.bfloat16), left), step_s, rest, is_async=True)
+    z = warpgroup_mma(gl.convert_layout(z.to(gl.bfloat16), left), step_s, z, is_async=True)
     # In the first product's shadow: the scores leave.
     _store_rows(P_ptr + row_of * BT, scores.to(P_ptr.dtype.element_ty), length, BT, HV * BT, BT, BT)
-    rest = warpgroup_mma_wait(0, deps=(rest,))
+    z = warpgroup_mma_wait(0, deps=(z,))
     for level in gl.static_range(1, CHUNK_INVERSE_LEVELS):
-        step = _doubling_step(rest, r, c, level)
-        rest = rest + step
-        step_s.store(step.to(gl.bfloat16))
+        step = _doubling_step(z, r, c, level)
+        step_s.store(_bf16_pairs(step))
         fence_async_shared()
         inverse = warpgroup_mma(gl.convert_layout(inverse.to(gl.bfloat16), left), step_s, inverse, is_async=True)
         if level < CHUNK_INVERSE_LEVELS - 1:
-            rest = warpgroup_mma(gl.convert_layout(rest.to(gl.bfloat16), left), step_s, rest, is_async=True)
-            inverse, rest = warpgroup_mma_wait(0, deps=(inverse, rest))
+            z = warpgroup_mma(gl.convert_layout(z.to(gl.bfloat16), left), step_s, z, is_async=True)
+            inverse, z = warpgroup_mma_wait(0, deps=(inverse, z))
         else:
             inverse = warpgroup_mma_wait(0, deps=(inverse,))
 

@@ -144,40 +144,47 @@ def _product(x, y, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _doubling_step(rest, r, c, LEVEL: tl.constexpr):
-    """-N: N is ``rest`` inside the diagonal blocks of 2^(LEVEL + 1) rows, zero outside them (r, c: the
-    tile's row and column indices; element-wise only, so Gluon kernels share it). ``rest + step`` is the
-    rest outside them: an add, where a second select made ptxas serialize the Gluon pass's products."""
-    inside = (r[:, None] >> (LEVEL + 1)) == (c[None, :] >> (LEVEL + 1))
-    return tl.where(inside, -rest, 0.0)
+def _doubling_step(z, r, c, LEVEL: tl.constexpr):
+    """-N of the level joining blocks of 2^LEVEL rows in pairs, from z = -rest (``_unit_lower_inverse``):
+    z on the band inside the blocks of 2^(LEVEL + 1) rows and outside those of 2^LEVEL rows, zero
+    elsewhere (r, c: the tile's row and column indices). One select, no negation (z is -rest already)
+    and element-wise only, so the Gluon pass shares it."""
+    band = (r[:, None] >> LEVEL) == ((c[None, :] >> LEVEL) ^ 1)
+    return tl.where(band, z, 0.0)
 
 
 @triton.jit
-def _unit_lower_inverse(a, N: tl.constexpr, LEVELS: tl.constexpr, PRECISION: tl.constexpr):
-    """(I + a)^-1 for strictly lower N x N a (N = 2^LEVELS), by block doubling.
+def _unit_lower_inverse(minus_a, N: tl.constexpr, LEVELS: tl.constexpr, PRECISION: tl.constexpr):
+    """(I + a)^-1 for strictly lower N x N a (N = 2^LEVELS), by block doubling, from -a.
 
     With L_s the diagonal blocks of s rows of L = I + a and E_s the part of a that joins two of them
     into a block of 2s rows, L_2s = (I + N_s) L_s with N_s = E_s L_s^-1 and N_s^2 = 0, so
     L_2s^-1 = L_s^-1 (I - N_s). rest = (a outside the blocks of s rows) L_s^-1 holds every N to come:
-    N_s is its part inside the blocks of 2s rows, and rest (I - N_s) is the next level's. Every
-    operand is a block of the inverse or of a times one, never a power of a, and each level's two
-    products share their right operand and are independent.
+    N_s is its part on the band of the blocks of 2s rows outside those of s rows, and
+    (rest - N_s) (I - N_s) is the next level's. Every operand is a block of the inverse or of a
+    times one, never a power of a, and each level's two products share their right operand and are
+    independent.
+
+    z carries -rest plus entries inside the blocks of s rows that are never zeroed: they stay inside
+    the blocks of 2s rows through z (I - N_s) (N_s joins columns of one such block only) and the
+    band of the next level lies outside those, so the products see exact zeros there and the inverse
+    is what zeroing them would give, without the zeroing (BENCHMARKS.md, "Block doubling without
+    the zeroing"). z is -rest so that each N is a select of it with no negation.
 
     Not the series (I - a)(I + a^2)(I + a^4)...: its partial products are (I - a^(2^m)) (I + a)^-1,
     and a^32 of a chunk whose keys point the same way (a repeated token, slowly decaying gates)
     reaches 1e4-1e17 before the last factor cancels it (BENCHMARKS.md, "(I + A)^-1 by block
     doubling"): bf16 operands then gave NaN outputs, fp32 ones errors of 41 to 3e10 times the output."""
     r = tl.arange(0, N)
-    step = _doubling_step(a, r, r, 0)
-    rest = a + step
-    inverse = (r[:, None] == r[None, :]).to(tl.float32) + step  # blocks of 2 rows: I - N_1, no product
-    rest = rest + _product(rest, step, PRECISION)
+    z = minus_a
+    step = _doubling_step(z, r, r, 0)
+    inverse = tl.where(r[:, None] == r[None, :], 1.0, step)  # blocks of 2 rows: I - N_1, no product
+    z = z + _product(z, step, PRECISION)
     for level in tl.static_range(1, LEVELS):
-        step = _doubling_step(rest, r, r, level)
-        rest = rest + step
+        step = _doubling_step(z, r, r, level)
         inverse = inverse + _product(inverse, step, PRECISION)
         if level < LEVELS - 1:
-            rest = rest + _product(rest, step, PRECISION)
+            z = z + _product(z, step, PRECISION)
     return inverse
 
 
@@ -244,8 +251,8 @@ def _chunk_inverse(k, b, gc, BT: tl.constexpr, DOT_PRECISION: tl.constexpr, INVE
     rows = tl.arange(0, BT)
     kb = (k.to(tl.float32) * b[:, None]).to(k.dtype)
     a = tl.dot(kb, tl.trans(k), input_precision=DOT_PRECISION)
-    a = tl.where(rows[:, None] > rows[None, :], a * tl.exp(gc[:, None] - gc[None, :]), 0.0)
-    return _unit_lower_inverse(a, BT, CHUNK_INVERSE_LEVELS, INVERSE_PRECISION)
+    minus_a = tl.where(rows[:, None] > rows[None, :], a * -tl.exp(gc[:, None] - gc[None, :]), 0.0)
+    return _unit_lower_inverse(minus_a, BT, CHUNK_INVERSE_LEVELS, INVERSE_PRECISION)
 
 
 @triton.jit
