@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import bisect
 import importlib
-import itertools
 import json
 import os
 import re
@@ -227,11 +226,16 @@ def loop_local_memory_instructions(sass: str) -> int:
         if match:
             instructions.append((int(match[1], 16), bool(match[2]), match[3], match[4]))
     successors = _control_flow(instructions)
+    predecessors: dict[int, list[int]] = {}
+    for block, targets in successors.items():
+        for target in targets:
+            predecessors.setdefault(target, []).append(block)
+    entry = instructions[0][0] if instructions else 0
     loops: set[int] = set()
     for block, targets in successors.items():
         for header in targets:
             if header <= block:
-                loops |= _natural_loop(successors, header, block)
+                loops |= _natural_loop(predecessors, entry, header, block)
     starts = sorted(successors)
     return sum(1 for address, _, opcode, _ in instructions if _base(opcode) in ("LDL", "STL")
                and starts[bisect.bisect_right(starts, address) - 1] in loops)
@@ -241,14 +245,14 @@ def _base(opcode: str) -> str:
     return opcode.split(".", maxsplit=1)[0]
 
 
-def _branch_target(opcode: str, operands: str) -> int | None:
-    target = _BRANCH_TARGET.search(operands) if _base(opcode) == "BRA" else None
-    return int(target[1], 16) if target else None
-
-
-def _call_target(opcode: str, operands: str) -> int | None:
-    target = _BRANCH_TARGET.search(operands) if opcode.startswith("CALL.REL") else None
-    return int(target[1], 16) if target else None
+def _jump(opcode: str, operands: str) -> tuple[int | None, int | None]:
+    """(branch target, callee) of one instruction: the address a BRA goes to, or a relative CALL's."""
+    target = _BRANCH_TARGET.search(operands)
+    if target is None:
+        return None, None
+    if _base(opcode) == "BRA":
+        return int(target[1], 16), None
+    return (None, int(target[1], 16)) if opcode.startswith("CALL.REL") else (None, None)
 
 
 def _control_flow(instructions: list[tuple[int, bool, str, str]]) -> dict[int, list[int]]:
@@ -256,23 +260,21 @@ def _control_flow(instructions: list[tuple[int, bool, str, str]]) -> dict[int, l
     targets, the next block where control can fall through, and the callees of relative calls."""
     if not instructions:
         return {}
+    jumps = [_jump(opcode, operands) for _, _, opcode, operands in instructions]
     leaders = {instructions[0][0]}
-    for (_, _, opcode, operands), following in itertools.pairwise(instructions):
-        target = _branch_target(opcode, operands)
-        for start in (target, _call_target(opcode, operands)):
-            if start is not None:
-                leaders.add(start)
+    for index, (_, _, opcode, _) in enumerate(instructions[:-1]):
+        target, called = jumps[index]
+        leaders.update(start for start in (target, called) if start is not None)
         if target is not None or _base(opcode) in ("EXIT", "RET"):
-            leaders.add(following[0])
+            leaders.add(instructions[index + 1][0])
     successors: dict[int, list[int]] = {}
     block = instructions[0][0]
     for index, (address, predicated, opcode, operands) in enumerate(instructions):
+        target, called = jumps[index]
         if address in leaders:
             block = address
             successors[block] = []
         following = instructions[index + 1][0] if index + 1 < len(instructions) else None
-        target = _branch_target(opcode, operands)
-        called = _call_target(opcode, operands)
         if called is not None:  # the callee's blocks are reached from here (its RET ends them)
             successors[block].append(called)
         ends = target is not None or _base(opcode) in ("EXIT", "RET") or following in leaders
@@ -294,15 +296,10 @@ def _control_flow(instructions: list[tuple[int, bool, str, str]]) -> dict[int, l
     return {block: [s for s in targets if s in reached] for block, targets in successors.items() if block in reached}
 
 
-def _natural_loop(successors: dict[int, list[int]], header: int, latch: int) -> set[int]:
+def _natural_loop(predecessors: dict[int, list[int]], entry: int, header: int, latch: int) -> set[int]:
     """The blocks of the loop closed by the edge latch -> header: those that reach the latch without
     passing the header, and the header. Empty where a path from the entry reaches the latch without
     passing the header (the edge closes no loop)."""
-    predecessors: dict[int, list[int]] = {}
-    for block, targets in successors.items():
-        for target in targets:
-            predecessors.setdefault(target, []).append(block)
-    entry = min(successors)
     body, stack = {header}, [latch]
     while stack:
         block = stack.pop()
