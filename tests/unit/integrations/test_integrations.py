@@ -108,13 +108,13 @@ def test_repeated_token_text_through_the_triton_kernels(monkeypatch: pytest.Monk
     # The suite's repeated-token case with the model's op on the Triton kernels (in the interpreter here; CPU
     # tensors otherwise take the torch path). The squaring series for (I + A)^-1 put this perplexity 4.5% off.
     from polykernels.gated_delta_rule import chunk
-    from polykernels.suites.qwen_generation import FAMILIES, SLOW_DECAY, _repeated_token_case, build_model
+    from polykernels.suites.qwen_generation import SLOW_DECAY, _repeated_token_case, build_model
 
-    decays = [p.exp() for name, p in build_model(torch.device("cpu"), torch.float32, "qwen3_next", slow_decay=True)
-              .named_parameters() if name.endswith("A_log")]
+    model = build_model(torch.device("cpu"), torch.float32, "qwen3_next", slow_decay=True)
+    decays = [p.exp() for name, p in model.named_parameters() if name.endswith("A_log")]
     assert decays and all(((a >= SLOW_DECAY[0]) & (a <= SLOW_DECAY[1])).all() for a in decays)
     monkeypatch.setattr(chunk, "_path", lambda device_type: "triton")
-    case = _repeated_token_case(FAMILIES[0], torch.device("cpu"), torch.float32, "qwen3_next-float32")
+    case = _repeated_token_case(model, "qwen3_next-float32")
     assert case.passed, case.detail
 
 
