@@ -217,13 +217,13 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
     b_c = gl.convert_layout(gl.where(keep_r, gc * _LOG2E - gl.log2(rk), _INF), gl.SliceLayout(0, square))
     a_r = gl.where(keep_r, gc * _LOG2E + gl.log2(b_r * rk), -_INF)
     s_r = gc * _LOG2E + gl.log2(scale * rq)
-    minus_a = gl.where(r[:, None] > c[None, :], kk * -_exp2(a_r[:, None] - b_c[None, :]), 0.0)
+    # z = -rest of the block doubling below, at its first level -A.
+    z = gl.where(r[:, None] > c[None, :], kk * -_exp2(a_r[:, None] - b_c[None, :]), 0.0)
     scores = gl.where(r[:, None] >= c[None, :], scores * _exp2(s_r[:, None] - b_c[None, :]), 0.0)
 
     # Step 2: (I + A)^-1 by block doubling, level by level: -N goes through shared memory, the right
     # operand of both products; their left operands (the inverse so far, z = -rest) come from registers.
     left: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=square, k_width=2)
-    z = minus_a
     step = _doubling_step(z, r, c, 0)
     inverse = gl.where(r[:, None] == c[None, :], 1.0, step)  # blocks of 2 rows: I - N, no product
     step_s.store(_bf16_pairs(step))
