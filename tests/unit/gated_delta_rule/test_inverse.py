@@ -6,6 +6,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from benchmarks.inverse_forms import strictly_lower
 
 from polykernels.gated_delta_rule.kernels import _unit_lower_inverse
 
@@ -19,32 +20,13 @@ def _inverse_kernel(A, OUT, N: tl.constexpr, LEVELS: tl.constexpr, PRECISION: tl
 
 def _error(kind: str, size: int, device: str, precision: str) -> float:
     """The largest entry of the kernel's inverse minus the fp64 solve's, over the solve's largest entry."""
-    a = _strictly_lower(kind, size)
+    a = strictly_lower(kind, size)
     identity = torch.eye(size, dtype=torch.float64)
     exact = torch.linalg.solve_triangular(identity + a, identity, upper=False)
     got = torch.empty(size, size, device=device)
     _inverse_kernel[(1,)](a.float().to(device).contiguous(), got, N=size, LEVELS=size.bit_length() - 1,
                           PRECISION=precision)
     return float((got.cpu().double() - exact).abs().max() / exact.abs().max())
-
-
-def _strictly_lower(kind: str, size: int) -> torch.Tensor:
-    """"ones": every entry below the diagonal 1 (the inverse is I minus the subdiagonal); "aligned": a chunk's
-    beta k k^T Gamma with keys about one direction and slowly decaying gates (entries near 1, powers of a up
-    to 1e17 at 64 rows); "random": entries of 0.3 sigma."""
-    gen = torch.Generator().manual_seed(size)
-    if kind == "ones":
-        a = torch.ones(size, size, dtype=torch.float64)
-    elif kind == "aligned":
-        keys = torch.randn(1, 128, generator=gen, dtype=torch.float64) + 0.1 * torch.randn(
-            size, 128, generator=gen, dtype=torch.float64)
-        keys = keys / keys.norm(dim=1, keepdim=True)
-        beta = 0.5 + 0.5 * torch.rand(size, generator=gen, dtype=torch.float64)
-        gates = torch.cumsum(-0.02 * torch.rand(size, generator=gen, dtype=torch.float64), 0)
-        a = beta[:, None] * (keys @ keys.T) * torch.exp(gates[:, None] - gates[None, :])
-    else:
-        a = 0.3 * torch.randn(size, size, generator=gen, dtype=torch.float64)
-    return torch.tril(a, -1)
 
 
 @pytest.mark.cpu_only
@@ -62,6 +44,6 @@ def test_block_doubling_inverse_matches_a_solve(kind: str, size: int) -> None:
 def test_gpu_block_doubling_inverse_with_bf16_products(gpu_device: str, kind: str) -> None:
     # The compiled form with the prepare pass's bf16 operands (fp32 accumulation): rounding only, where
     # the squaring series it replaced gave NaN for aligned keys. A torch emulation of these roundings on
-    # these matrices gives 0, 5.4e-3 and 5.2e-3 of the largest entry.
+    # these matrices gives 0, 5.4e-3 and 5.2e-3 of the largest entry (python -m benchmarks.inverse_forms).
     error = _error(kind, 64, gpu_device, "bf16")
     assert error < 2e-2, f"{kind}: error {error:.2e} of the inverse's largest entry"

@@ -1,0 +1,133 @@
+"""python -m benchmarks.inverse_forms [--size N]: forms of a chunk's (I + a)^-1 with 16-bit product operands,
+emulated in torch (fp32 sums), against an fp64 triangular solve.
+
+The prepare passes form (I + a)^-1 for strictly lower a by block doubling (``kernels._unit_lower_inverse``),
+its products' operands rounded to bf16. FlashInfer's SM90 forward forms it blockwise: 8 x 8 diagonal
+blocks solved in fp32, then merged 8 -> 16 -> ... -> N by inv([A 0; C D]) = [inv(A) 0; -inv(D) C inv(A)
+inv(D)] on the off-diagonal blocks only (docs/gdn-performance.md, item 13). This prints each form's
+largest error over the inverse's largest entry on the matrices the kernels' tests use
+(``strictly_lower``), and each form's multiply-adds, so that a kernel of either form has its rounding to
+compare with (BENCHMARKS.md, "2026-12-05, build host only").
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+KINDS = ("ones", "aligned", "random")
+# The product operands' rounding per column: None keeps fp64 (the forms' exact arithmetic).
+OPERANDS: dict[str, torch.dtype | None] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def strictly_lower(kind: str, size: int) -> torch.Tensor:
+    """A chunk's strictly lower a in fp64. "ones": every entry below the diagonal 1 (the inverse is I minus
+    the subdiagonal); "aligned": beta k k^T Gamma with keys about one direction and slowly decaying gates
+    (entries near 1, powers of a up to 1e17 at 64 rows); "random": entries of 0.3 sigma."""
+    gen = torch.Generator().manual_seed(size)
+    if kind == "ones":
+        a = torch.ones(size, size, dtype=torch.float64)
+    elif kind == "aligned":
+        keys = torch.randn(1, 128, generator=gen, dtype=torch.float64) + 0.1 * torch.randn(
+            size, 128, generator=gen, dtype=torch.float64)
+        keys = keys / keys.norm(dim=1, keepdim=True)
+        beta = 0.5 + 0.5 * torch.rand(size, generator=gen, dtype=torch.float64)
+        gates = torch.cumsum(-0.02 * torch.rand(size, generator=gen, dtype=torch.float64), 0)
+        a = beta[:, None] * (keys @ keys.T) * torch.exp(gates[:, None] - gates[None, :])
+    elif kind == "random":
+        a = 0.3 * torch.randn(size, size, generator=gen, dtype=torch.float64)
+    else:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    return torch.tril(a, -1)
+
+
+def _product(x: torch.Tensor, y: torch.Tensor, operands: torch.dtype | None) -> torch.Tensor:
+    """x @ y with both operands rounded to ``operands``, summed in fp64 (fp32 sums round far below that)."""
+    if operands is not None:
+        x, y = x.to(operands).double(), y.to(operands).double()
+    return x @ y
+
+
+def block_doubling(a: torch.Tensor, operands: torch.dtype | None) -> torch.Tensor:
+    """The prepare passes' form: z = -rest, each level's step the band of z joining blocks in pairs, the
+    inverse so far and z times (I + step), never zeroing z inside the blocks joined."""
+    size = a.shape[0]
+    r = torch.arange(size)
+    z = -a
+    inverse = torch.eye(size, dtype=a.dtype)
+    levels = size.bit_length() - 1
+    for level in range(levels):
+        band = (r[:, None] >> level) == ((r[None, :] >> level) ^ 1)
+        step = torch.where(band, z, torch.zeros_like(z))
+        inverse = inverse + (step if level == 0 else _product(inverse, step, operands))
+        if level < levels - 1:
+            z = z + _product(z, step, operands)
+    return inverse
+
+
+def blockwise(a: torch.Tensor, operands: torch.dtype | None, base: int = 8) -> torch.Tensor:
+    """FlashInfer's form: ``base`` x ``base`` diagonal blocks by forward substitution in fp32, then each
+    level's off-diagonal blocks -inv(D) C inv(A), -inv(D) C rounded before its product with inv(A)."""
+    size = a.shape[0]
+    inverse = torch.zeros_like(a)
+    for start in range(0, size, base):
+        block = a[start:start + base, start:start + base].float()
+        solved = torch.eye(base, dtype=torch.float32)
+        for row in range(1, base):
+            solved[row] = solved[row] - block[row, :row] @ solved[:row]
+        inverse[start:start + base, start:start + base] = solved.double()
+    width = base
+    while width < size:
+        for start in range(0, size, 2 * width):
+            upper, lower = slice(start, start + width), slice(start + width, start + 2 * width)
+            joined = -_product(inverse[lower, lower], a[lower, upper], operands)
+            inverse[lower, upper] = _product(joined, inverse[upper, upper], operands)
+        width *= 2
+    return inverse
+
+
+def multiply_adds(size: int, base: int = 8) -> dict[str, int]:
+    """Multiply-adds of each form's products at ``size`` rows (the diagonal solves counted for blockwise)."""
+    levels = size.bit_length() - 1
+    doubling = (2 * (levels - 1) - 1) * size**3  # two products a level from the second, one at the last
+    solves = (size // base) * sum(row * base for row in range(base))
+    merges = sum((size // (2 * width)) * 2 * width**3 for width in (base * 2**i for i in range(levels))
+                 if width < size)
+    return {"block doubling": doubling, "blockwise": solves + merges}
+
+
+def error(form: str, kind: str, size: int, operands: torch.dtype | None) -> float:
+    """The form's largest error over the inverse's largest entry, against an fp64 solve."""
+    a = strictly_lower(kind, size)
+    identity = torch.eye(size, dtype=torch.float64)
+    exact = torch.linalg.solve_triangular(identity + a, identity, upper=False)
+    got = block_doubling(a, operands) if form == "block doubling" else blockwise(a, operands)
+    return float((got - exact).abs().max() / exact.abs().max())
+
+
+def main(size: int) -> list[dict]:
+    rows = []
+    for kind in KINDS:
+        row: dict = {"matrix": kind, "size": size}
+        row["block doubling, bf16"] = error("block doubling", kind, size, torch.bfloat16)
+        for label, operands in OPERANDS.items():
+            row[f"blockwise, {label}"] = error("blockwise", kind, size, operands)
+        rows.append(row)
+    return rows
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.inverse_forms", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", type=int, default=64, help="rows of the chunk (a power of two, at least 16)")
+    args = parser.parse_args()
+    if args.size < 16 or args.size & (args.size - 1):
+        parser.error(f"--size must be a power of two of at least 16, got {args.size}")
+    results = main(args.size)
+    columns = list(results[0])[2:]
+    print("| matrix | " + " | ".join(columns) + " |")
+    print("|---|" + "---:|" * len(columns))
+    for result in results:
+        print(f"| {result['matrix']} | " + " | ".join(f"{result[c]:.1e}" for c in columns) + " |")
+    counts = multiply_adds(args.size)
+    print("multiply-adds: " + ", ".join(f"{name} {count:,}" for name, count in counts.items()))
