@@ -1,5 +1,5 @@
 """python -m benchmarks.inverse_forms [--size N]: forms of a chunk's (I + a)^-1 with 16-bit product operands,
-emulated in torch (fp32 sums), against an fp64 triangular solve.
+emulated in torch, against an fp64 triangular solve.
 
 The prepare passes form (I + a)^-1 for strictly lower a by block doubling (``kernels._unit_lower_inverse``),
 its products' operands rounded to bf16. FlashInfer's SM90 forward forms it blockwise: 8 x 8 diagonal
@@ -13,11 +13,12 @@ compare with (BENCHMARKS.md, "2026-12-05, build host only").
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 import torch
 
 KINDS = ("ones", "aligned", "random")
-# The product operands' rounding per column: None keeps fp64 (the forms' exact arithmetic).
+# The blockwise columns' product operands (the forms take None for unrounded fp64 operands).
 OPERANDS: dict[str, torch.dtype | None] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -43,7 +44,8 @@ def strictly_lower(kind: str, size: int) -> torch.Tensor:
 
 
 def _product(x: torch.Tensor, y: torch.Tensor, operands: torch.dtype | None) -> torch.Tensor:
-    """x @ y with both operands rounded to ``operands``, summed in fp64 (fp32 sums round far below that)."""
+    """x @ y with both operands rounded to ``operands``, summed in fp64 (the kernels sum in fp32, whose
+    rounding lies far below the 16-bit operands')."""
     if operands is not None:
         x, y = x.to(operands).double(), y.to(operands).double()
     return x @ y
@@ -97,22 +99,27 @@ def multiply_adds(size: int, base: int = 8) -> dict[str, int]:
     return {"block doubling": doubling, "blockwise": solves + merges}
 
 
-def error(form: str, kind: str, size: int, operands: torch.dtype | None) -> float:
-    """The form's largest error over the inverse's largest entry, against an fp64 solve."""
-    a = strictly_lower(kind, size)
-    identity = torch.eye(size, dtype=torch.float64)
+def relative_error(got: torch.Tensor, a: torch.Tensor) -> float:
+    """The largest entry of ``got`` minus (I + a)^-1 (an fp64 triangular solve), over the solve's largest."""
+    identity = torch.eye(a.shape[0], dtype=torch.float64)
     exact = torch.linalg.solve_triangular(identity + a, identity, upper=False)
-    got = block_doubling(a, operands) if form == "block doubling" else blockwise(a, operands)
-    return float((got - exact).abs().max() / exact.abs().max())
+    return float((got.cpu().double() - exact).abs().max() / exact.abs().max())
+
+
+def error(form: Callable[[torch.Tensor, torch.dtype | None], torch.Tensor], kind: str, size: int,
+          operands: torch.dtype | None) -> float:
+    """``form``'s (``block_doubling``, ``blockwise``) ``relative_error`` on ``strictly_lower(kind, size)``."""
+    a = strictly_lower(kind, size)
+    return relative_error(form(a, operands), a)
 
 
 def main(size: int) -> list[dict]:
     rows = []
     for kind in KINDS:
         row: dict = {"matrix": kind, "size": size}
-        row["block doubling, bf16"] = error("block doubling", kind, size, torch.bfloat16)
+        row["block doubling, bf16"] = error(block_doubling, kind, size, torch.bfloat16)
         for label, operands in OPERANDS.items():
-            row[f"blockwise, {label}"] = error("blockwise", kind, size, operands)
+            row[f"blockwise, {label}"] = error(blockwise, kind, size, operands)
         rows.append(row)
     return rows
 
