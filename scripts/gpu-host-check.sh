@@ -23,6 +23,16 @@ step "build the CUDA extension (TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0
 POLYKERNELS_BACKEND=cuda TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} \
   python3 setup.py -q build_ext --inplace >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
+# A C++ check's exception must reach Python as an error. Some toolchains (CC/CXX) build an extension
+# whose exceptions kill the process instead; every test of a bad input would then crash its worker.
+if ! python3 -c "import sys, torch, polykernels._extension as e; e.require()
+try: torch.ops.polykernels.fake_int4_quant(torch.zeros(1, 64), 33, True)
+except RuntimeError: sys.exit(0)
+sys.exit(1)" >>"$out/build.log" 2>&1; then
+  echo "the extension built with CXX=${CXX:-c++} does not raise its checks' errors (it crashed or accepted a" \
+       "group size of 33): rebuild with another C++ compiler, e.g. CC=gcc CXX=g++ from the system's PATH" >&2
+  exit 1
+fi
 
 if wanted ab; then
   step "A/B against ${AB_BASE:?set AB_BASE to the git revision to compare with}"

@@ -330,8 +330,9 @@ PROBE = Path(__file__).with_name("probes") / "stable_abi_call.py"
 def check_loads(so: Path, target: Target, builder_image: str, python_tag: str, log: Path,
                 env: Mapping[str, str]) -> CheckResult:
     """In the builder image, with no Python torch: dlopen the extension against the torch SDK and
-    the GPU runtime there, call its CPU kernel through the stable dispatcher, and import it as a
-    Python module (the builder's Python): a GPU build's module launches GPU kernels, a CPU build's not."""
+    the GPU runtime there, call its CPU kernel through the stable dispatcher (once with a bad group size,
+    whose error must reach torch rather than kill the process), and import it as a Python module (the
+    builder's Python): a GPU build's module launches GPU kernels, a CPU build's not."""
     python = f"/opt/python/{python_tag}-{python_tag}/bin/python"
     libraries = "/opt/torch-sdk/torch/lib:/usr/local/cuda/lib:/usr/local/cuda/lib64:/opt/rocm/lib"
     out = run(["docker", "run", "--rm", "--pull=never", "-v", f"{so.parent}:/w:ro", "-v", f"{PROBE}:/probe.py:ro",
@@ -343,9 +344,10 @@ def check_loads(so: Path, target: Target, builder_image: str, python_tag: str, l
     loaded = sorted({Path(p).name for p in result.get("gpu_runtimes", [])})
     runtime_ok = (want is None and not loaded) or (want is not None and any(n.startswith(want) for n in loaded))
     module_ok = result.get("gpu_launch") is (target.backend != "cpu")
-    ok = bool(result.get("matches_rule")) and runtime_ok and module_ok
+    ok = bool(result.get("matches_rule")) and result.get("refuses_bad_input") is True and runtime_ok and module_ok
     detail = ("loads with no Python torch" + (f" against {', '.join(loaded)}" if loaded else "")
-              + ", registers polykernels::fake_int4_quant, CPU kernel correct, imports as a module"
+              + ", registers polykernels::fake_int4_quant, CPU kernel correct, a bad group size comes back as"
+              " an error, imports as a module"
               + (" with its GPU launch" if target.backend != "cpu" else ""))
     return CheckResult("loads", ok, detail if ok else f"probe said {result}; expected runtime {want or 'none'}")
 

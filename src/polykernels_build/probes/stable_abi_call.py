@@ -3,11 +3,15 @@
 Runs inside a builder image (any Python, e.g. Debian sid's for the ROCm build) with the torch SDK's
 libraries on LD_LIBRARY_PATH: dlopen(RTLD_NOW) proves every symbol resolves; the op registered by the
 library's static initializer is then called through `torch_call_dispatcher` on a CPU tensor and its
-result checked against the INT4 rule. Then the same library is imported as the Python module it also
-is (its direct launch, Python's limited API: this interpreter may be any Python from 3.10 on), and
+result checked against the INT4 rule, and called once more with a group size it refuses: the check's C++
+exception must come back through torch as an error code. Built with a C++ toolchain whose exceptions
+cannot reach torch's, the library kills the process there instead, on every bad input a user passes (an
+in-place build on a GPU host did: BENCHMARKS.md, 2026-12-05); the call runs in a process of its own, so
+the probe says so. Then the same library is imported as the Python module it also is (its direct launch,
+Python's limited API: this interpreter may be any Python from 3.10 on), and
 says whether it can launch GPU kernels. Prints one JSON line.
 
-    python stable_abi_call.py path/to/_C.abi3.so [lazy]
+    python stable_abi_call.py path/to/_C.abi3.so [now|lazy]
 
 `lazy` (CUDA builds): bind functions on first call. The CUDA build references one GPU-only stable
 shim (the current-stream accessor) that lives in libtorch_cuda, absent from a CPU torch SDK; the
@@ -20,6 +24,7 @@ import ctypes
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 
 GROUP = 32
@@ -33,7 +38,7 @@ def gpu_runtimes() -> list[str]:
     return sorted(paths)
 
 
-def main(so_path: str, binding: str = "now") -> int:
+def main(so_path: str, binding: str = "now", step: str = "all") -> int:
     torch_cpu = ctypes.CDLL("libtorch_cpu.so", mode=os.RTLD_NOW | os.RTLD_GLOBAL)
     mode = (os.RTLD_LAZY if binding == "lazy" else os.RTLD_NOW) | os.RTLD_GLOBAL
     ctypes.CDLL(so_path, mode=mode)  # its static initializer registers polykernels::* ops
@@ -50,6 +55,10 @@ def main(so_path: str, binding: str = "now") -> int:
                  call("aoti_torch_device_type_cpu"), ctypes.c_int32(0), ctypes.byref(handle))
     if error:
         raise SystemExit("aoti_torch_empty_strided failed")
+    if step == "refuse":  # refuses_bad_group_size's process: 0 when the dispatcher returns an error code
+        stack = (ctypes.c_uint64 * 3)(handle.value, GROUP + 1, 1)
+        error = call("torch_call_dispatcher", b"polykernels::fake_int4_quant", b"", stack, ctypes.c_uint64(TORCH_2_13))
+        return 0 if error else 3
     data = ctypes.c_void_p()
     call("aoti_torch_get_data_ptr", handle, ctypes.byref(data))
     ctypes.memmove(data, (ctypes.c_float * GROUP)(*values), 4 * GROUP)
@@ -68,9 +77,21 @@ def main(so_path: str, binding: str = "now") -> int:
     want_scale = ctypes.c_float(ctypes.c_float(4.0).value * inv7).value
     want = [max(-7.0, min(7.0, round(ctypes.c_float(v / want_scale).value))) * want_scale for v in values]
     ok = scale == want_scale and all(abs(a - b) <= 1e-6 * max(1.0, abs(b)) for a, b in zip(out, want, strict=True))
+    refused = refuses_bad_group_size(so_path, binding)
     print(json.dumps({"loaded": True, "called": True, "scale": scale, "matches_rule": ok,
-                      "gpu_launch": module_gpu_launch(so_path, mode), "gpu_runtimes": gpu_runtimes()}))
-    return 0 if ok else 1
+                      "refuses_bad_input": refused, "gpu_launch": module_gpu_launch(so_path, mode),
+                      "gpu_runtimes": gpu_runtimes()}))
+    return 0 if ok and refused is True else 1
+
+
+def refuses_bad_group_size(so_path: str, binding: str) -> bool | str:
+    """fake_int4_quant with group size GROUP + 1, in a process of its own (this probe, `refuse`): True
+    when torch hands back an error code, else what happened (the call went through, or the process died)."""
+    done = subprocess.run([sys.executable, __file__, so_path, binding, "refuse"], check=False)
+    if done.returncode < 0:
+        return f"the process died of signal {-done.returncode} (the check's exception did not reach torch)"
+    return {0: True, 3: f"accepted a group size of {GROUP + 1}"}.get(done.returncode,
+                                                                    f"exited with {done.returncode}")
 
 
 def module_gpu_launch(so_path: str, mode: int) -> bool | str:
@@ -85,4 +106,4 @@ def module_gpu_launch(so_path: str, mode: int) -> bool | str:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]))
+    sys.exit(main(*sys.argv[1:4]))
