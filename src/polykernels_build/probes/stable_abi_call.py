@@ -9,7 +9,7 @@ cannot reach torch's, the library kills the process there instead, on every bad 
 in-place build on a GPU host did: BENCHMARKS.md, 2026-12-05); the call runs in a process of its own, so
 the probe says so. Then the same library is imported as the Python module it also is (its direct launch,
 Python's limited API: this interpreter may be any Python from 3.10 on), and
-says whether it can launch GPU kernels. Prints one JSON line.
+says whether it can launch GPU kernels. Prints one JSON line, which `checks.check_loads` judges.
 
     python stable_abi_call.py path/to/_C.abi3.so [now|lazy]
 
@@ -81,17 +81,18 @@ def main(so_path: str, binding: str = "now", step: str = "all") -> int:
     print(json.dumps({"loaded": True, "called": True, "scale": scale, "matches_rule": ok,
                       "refuses_bad_input": refused, "gpu_launch": module_gpu_launch(so_path, mode),
                       "gpu_runtimes": gpu_runtimes()}))
-    return 0 if ok and refused is True else 1
+    return 0  # the report is the verdict's input: checks.check_loads judges it and names what failed
 
 
 def refuses_bad_group_size(so_path: str, binding: str) -> bool | str:
     """fake_int4_quant with group size GROUP + 1, in a process of its own (this probe, `refuse`): True
     when torch hands back an error code, else what happened (the call went through, or the process died)."""
-    done = subprocess.run([sys.executable, __file__, so_path, binding, "refuse"], check=False)
-    if done.returncode < 0:
-        return f"the process died of signal {-done.returncode} (the check's exception did not reach torch)"
-    return {0: True, 3: f"accepted a group size of {GROUP + 1}"}.get(done.returncode,
-                                                                    f"exited with {done.returncode}")
+    code = subprocess.run([sys.executable, __file__, so_path, binding, "refuse"], check=False).returncode
+    if code == 0:
+        return True
+    if code < 0:
+        return f"the process died of signal {-code} (the check's exception did not reach torch)"
+    return f"accepted a group size of {GROUP + 1}" if code == 3 else f"exited with {code}"
 
 
 def module_gpu_launch(so_path: str, mode: int) -> bool | str:
