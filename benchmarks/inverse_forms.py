@@ -6,8 +6,10 @@ its products' operands rounded to bf16. FlashInfer's SM90 forward forms it block
 blocks solved in fp32, then merged 8 -> 16 -> ... -> N by inv([A 0; C D]) = [inv(A) 0; -inv(D) C inv(A)
 inv(D)] on the off-diagonal blocks only (docs/gdn-performance.md, item 13). This prints each form's
 largest error over the inverse's largest entry on the matrices the kernels' tests use
-(``strictly_lower``), and each form's multiply-adds, so that a kernel of either form has its rounding to
-compare with (BENCHMARKS.md, "2026-12-05, build host only").
+(``strictly_lower``), and each form's multiply-adds, so that a kernel of any form has its rounding to
+compare with (BENCHMARKS.md, "2026-12-05, build host only"). "Warp blocks" is the doubling with its
+first levels inside each warp's 16-row diagonal block, as the Gluon prepare pass forms it where it runs
+alone (``hopper_inverse_kernels``).
 """
 
 from __future__ import annotations
@@ -51,20 +53,54 @@ def _product(x: torch.Tensor, y: torch.Tensor, operands: torch.dtype | None) -> 
     return x @ y
 
 
-def block_doubling(a: torch.Tensor, operands: torch.dtype | None) -> torch.Tensor:
+def block_doubling(a: torch.Tensor, operands: torch.dtype | None, first_level: int = 0,
+                   inverse: torch.Tensor | None = None) -> torch.Tensor:
     """The prepare passes' form: z = -rest, each level's step the band of z joining blocks in pairs, the
-    inverse so far and z times (I + step), never zeroing z inside the blocks joined."""
+    inverse so far and z times (I + step), never zeroing z inside the blocks joined. From ``first_level``
+    on, given the inverse of the diagonal blocks of 2^first_level rows (z = -a times it)."""
     size = a.shape[0]
     r = torch.arange(size)
-    z = -a
-    inverse = torch.eye(size, dtype=a.dtype)
+    if inverse is None:
+        z, inverse = -a, torch.eye(size, dtype=a.dtype)
+    else:
+        z = _product(-a, inverse, operands)
     levels = size.bit_length() - 1
-    for level in range(levels):
+    for level in range(first_level, levels):
         band = (r[:, None] >> level) == ((r[None, :] >> level) ^ 1)
         step = torch.where(band, z, torch.zeros_like(z))
         inverse = inverse + (step if level == 0 else _product(inverse, step, operands))
         if level < levels - 1:
             z = z + _product(z, step, operands)
+    return inverse
+
+
+def warp_blocks(a: torch.Tensor, operands: torch.dtype | None, block: int = 16) -> torch.Tensor:
+    """The Gluon prepare pass's form where it runs alone (``hopper_inverse_kernels``): block doubling
+    inside each ``block`` x ``block`` diagonal block (a warp's rows of a warpgroup product), then z = -a
+    times their inverse and the levels that join blocks of ``block`` rows and more. Inside the blocks it
+    takes the kernel's steps: -N is the transpose of a select of z^T, carried beside z (``_block_inverse``)."""
+    size = a.shape[0]
+    diagonal = torch.zeros_like(a)
+    for start in range(0, size, block):
+        part = slice(start, start + block)
+        diagonal[part, part] = _block_inverse(a[part, part], operands)
+    return block_doubling(a, operands, first_level=block.bit_length() - 1, inverse=diagonal)
+
+
+def _block_inverse(a: torch.Tensor, operands: torch.dtype | None) -> torch.Tensor:
+    """``hopper_inverse_kernels.block_inverses`` on one block: a warp-level product takes its right operand
+    B as B^T, so z^T goes along (z^T (I + N)^T = z^T + N^T z^T) and each -N is read off it."""
+    size = a.shape[0]
+    i, j = torch.arange(size)[:, None], torch.arange(size)[None, :]
+    z, z_t = -a, -a.T
+    levels = size.bit_length() - 1
+    inverse = torch.where(i == j, 1.0, torch.where((i >> 1) == (j >> 1), z, 0.0)).to(a.dtype)
+    for level in range(levels):
+        step_t = torch.where((j >> level) == ((i >> level) ^ 1), z_t, 0.0).to(a.dtype)  # -N^T
+        if level > 0:
+            inverse = inverse + _product(inverse, step_t.T, operands)
+        if level < levels - 1:
+            z, z_t = z + _product(z, step_t.T, operands), z_t + _product(step_t, z.T, operands)
     return inverse
 
 
@@ -96,7 +132,10 @@ def multiply_adds(size: int, base: int = 8) -> dict[str, int]:
     solves = (size // base) * sum(row * base for row in range(base))
     merges = sum((size // (2 * width)) * 2 * width**3 for width in (base * 2**i for i in range(levels))
                  if width < size)
-    return {"block doubling": doubling, "blockwise": solves + merges}
+    # The kernel's 16-row blocks: 8 products of 16^3 each (z^T's beside z's; the last level's z unused),
+    # then z = -a times them and the last two levels' three products at the whole size.
+    blocks = (size // 16) * 8 * 16**3 + 4 * size**3
+    return {"block doubling": doubling, "blockwise": solves + merges, "warp blocks": blocks}
 
 
 def relative_error(got: torch.Tensor, a: torch.Tensor) -> float:
@@ -118,6 +157,7 @@ def main(size: int) -> list[dict]:
     for kind in KINDS:
         row: dict = {"matrix": kind, "size": size}
         row["block doubling, bf16"] = error(block_doubling, kind, size, torch.bfloat16)
+        row["warp blocks, bf16"] = error(warp_blocks, kind, size, torch.bfloat16)
         for label, operands in OPERANDS.items():
             row[f"blockwise, {label}"] = error(blockwise, kind, size, operands)
         rows.append(row)

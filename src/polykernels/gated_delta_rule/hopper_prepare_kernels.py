@@ -8,8 +8,13 @@ Here products whose operands are ready are issued before any is awaited:
 
 1. k k^T and the scores q k^T, straight from the tiles cp.async brought in;
 2. (I + A)^-1 by block doubling (``kernels._unit_lower_inverse``): each level's two products, the
-   inverse so far and z = -rest times (I - N), are issued together from the same copy of -N (six
-   steps, where one after the other they were ten products); the left operands come from registers;
+   inverse so far and z = -rest times (I - N), are issued together from the same copy of -N; the left
+   operands come from registers. Where the pass runs alone, the levels that join blocks of 1 to 8 rows
+   run inside each warp on its 16 x 16 diagonal block (``hopper_inverse_kernels``: warp-level products,
+   no shared memory or barrier), then z = -rest at blocks of 16 rows is -A times their inverse: three
+   steps through shared memory where there were six (B8 T4096 -2.5% on an H100, BENCHMARKS.md,
+   "2026-12-05, NVIDIA H100 ..., the inverse's first four levels inside each warp"). Beside the
+   sequential pass (CONCURRENT) the same form made the op 12.9% slower, so the levels stay whole there;
 3. w = (Ai diag(beta gamma / ||k||)) k, then u = (Ai diag(beta)) v (one accumulator at a time).
 
 q, k and v never pass through registers on their way to the products (with the l2norm in the
@@ -50,6 +55,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from polykernels.gated_delta_rule.hopper_inverse_kernels import (
+    BLOCK_LEVELS,
+    block_diagonal,
+    block_inverses,
+    minus_a_blocks,
+)
 from polykernels.gated_delta_rule.hopper_kernels import _copy_layout, _copy_tile, _mma_layout, _smem_layout
 
 # Element-wise and scalar arithmetic only (no layouts made), so the Triton helpers serve Gluon kernels too.
@@ -125,7 +136,7 @@ def gdn_prepare_hopper_kernel(
     if length > 0:
         _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr,
                        chunk_start, length.to(gl.int32), i_h, i_hv, scale, H, HV, K, V, BT, BK, BV, NV, L2NORM,
-                       STORE_T)
+                       STORE_T, not CONCURRENT)
     if CONCURRENT:  # the sequential pass runs beside this one and waits for this chunk (ready_flags)
         raise_flag(FLAGS + i_c * HV + i_hv)
         programs = gl.num_programs(0) * gl.num_programs(1)
@@ -136,7 +147,7 @@ def gdn_prepare_hopper_kernel(
 def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr,
                    chunk_start, length, i_h, i_hv, scale, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
                    V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr, NV: gl.constexpr,
-                   L2NORM: gl.constexpr, STORE_T: gl.constexpr):
+                   L2NORM: gl.constexpr, STORE_T: gl.constexpr, WARP_BLOCKS: gl.constexpr):
     dtype: gl.constexpr = K_ptr.dtype.element_ty
     square: gl.constexpr = _mma_layout(BT)  # BT x BT products
     wide: gl.constexpr = _mma_layout(BK)  # BT x K products (w)
@@ -214,25 +225,36 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
     # element, the scales as base-2 logarithms: A_rc = kk_rc 2^(a_r - b_c), scores_rc = qk_rc 2^(s_r - b_c).
     # A row past the valid ones has a = -inf (beta 0), a column past them b = +inf: 2^-inf = 0. One FADD,
     # MUFU and FMUL per element where exp and three products took six or more.
-    b_c = gl.convert_layout(gl.where(keep_r, gc * _LOG2E - gl.log2(rk), _INF), gl.SliceLayout(0, square))
+    b_by_row = gl.where(keep_r, gc * _LOG2E - gl.log2(rk), _INF)
+    b_c = gl.convert_layout(b_by_row, gl.SliceLayout(0, square))
     a_r = gl.where(keep_r, gc * _LOG2E + gl.log2(b_r * rk), -_INF)
     s_r = gc * _LOG2E + gl.log2(scale * rq)
     # z = -rest of the block doubling below, at its first level -A.
     z = gl.where(r[:, None] > c[None, :], kk * -_exp2(a_r[:, None] - b_c[None, :]), 0.0)
     scores = gl.where(r[:, None] >= c[None, :], scores * _exp2(s_r[:, None] - b_c[None, :]), 0.0)
 
-    # Step 2: (I + A)^-1 by block doubling, level by level: -N goes through shared memory, the right
-    # operand of both products; their left operands (the inverse so far, z = -rest) come from registers.
+    # Step 2: (I + A)^-1 by block doubling. -N goes through shared memory, the right operand of each
+    # level's products; their left operands (the inverse so far, z = -rest) come from registers.
     left: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=square, k_width=2)
-    step = _doubling_step(z, r, c, 0)
-    inverse = gl.where(r[:, None] == c[None, :], 1.0, step)  # blocks of 2 rows: I - N, no product
-    step_s.store(_bf16_pairs(step))
-    fence_async_shared()
-    z = warpgroup_mma(gl.convert_layout(z.to(gl.bfloat16), left), step_s, z, is_async=True)
+    first_shared_level: gl.constexpr = BLOCK_LEVELS if WARP_BLOCKS else 1
+    if WARP_BLOCKS:
+        # The levels joining blocks of 1 to 8 rows inside each warp's 16 x 16 diagonal block
+        # (hopper_inverse_kernels); then z = -rest at blocks of 16 rows is -A times their inverse.
+        z_blocks, z_t_blocks = minus_a_blocks(kk, a_r, b_by_row, _exp2)
+        inverse = block_diagonal(block_inverses(z_blocks, z_t_blocks), square)
+        step_s.store(_bf16_pairs(inverse))
+        fence_async_shared()
+        z = warpgroup_mma(gl.convert_layout(z.to(gl.bfloat16), left), step_s, zero, use_acc=False, is_async=True)
+    else:
+        step = _doubling_step(z, r, c, 0)
+        inverse = gl.where(r[:, None] == c[None, :], 1.0, step)  # blocks of 2 rows: I - N, no product
+        step_s.store(_bf16_pairs(step))
+        fence_async_shared()
+        z = warpgroup_mma(gl.convert_layout(z.to(gl.bfloat16), left), step_s, z, is_async=True)
     # In the first product's shadow: the scores leave.
     _store_rows(P_ptr + row_of * BT, scores.to(P_ptr.dtype.element_ty), length, BT, HV * BT, BT, BT)
     z = warpgroup_mma_wait(0, deps=(z,))
-    for level in gl.static_range(1, CHUNK_INVERSE_LEVELS):
+    for level in gl.static_range(first_shared_level, CHUNK_INVERSE_LEVELS):
         step = _doubling_step(z, r, c, level)
         step_s.store(_bf16_pairs(step))
         fence_async_shared()
