@@ -89,7 +89,7 @@ def warp_blocks(a: torch.Tensor, operands: torch.dtype | None, block: int = 16) 
 
 def _block_inverse(a: torch.Tensor, operands: torch.dtype | None) -> torch.Tensor:
     """``hopper_inverse_kernels.block_inverses`` on one block: a warp-level product takes its right operand
-    B as B^T, so z^T goes along (z^T (I + N)^T = z^T + N^T z^T) and each -N is read off it."""
+    B as B^T, so z^T goes along ((z (I + step))^T = z^T + step^T z^T, step = -N) and each step is read off it."""
     size = a.shape[0]
     i, j = torch.arange(size)[:, None], torch.arange(size)[None, :]
     z, z_t = -a, -a.T

@@ -242,15 +242,15 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
         # (hopper_inverse_kernels); then z = -rest at blocks of 16 rows is -A times their inverse.
         z_blocks, z_t_blocks = minus_a_blocks(kk, a_r, b_by_row, _exp2)
         inverse = block_diagonal(block_inverses(z_blocks, z_t_blocks), square)
-        step_s.store(_bf16_pairs(inverse))
-        fence_async_shared()
-        z = warpgroup_mma(gl.convert_layout(z.to(gl.bfloat16), left), step_s, zero, use_acc=False, is_async=True)
+        right = inverse
     else:
-        step = _doubling_step(z, r, c, 0)
-        inverse = gl.where(r[:, None] == c[None, :], 1.0, step)  # blocks of 2 rows: I - N, no product
-        step_s.store(_bf16_pairs(step))
-        fence_async_shared()
-        z = warpgroup_mma(gl.convert_layout(z.to(gl.bfloat16), left), step_s, z, is_async=True)
+        right = _doubling_step(z, r, c, 0)
+        inverse = gl.where(r[:, None] == c[None, :], 1.0, right)  # blocks of 2 rows: I - N, no product
+    step_s.store(_bf16_pairs(right))
+    fence_async_shared()
+    # z times the inverse so far (per-warp levels), or z (I - N) of the first level.
+    z = warpgroup_mma(gl.convert_layout(z.to(gl.bfloat16), left), step_s, zero if WARP_BLOCKS else z,
+                      use_acc=not WARP_BLOCKS, is_async=True)
     # In the first product's shadow: the scores leave.
     _store_rows(P_ptr + row_of * BT, scores.to(P_ptr.dtype.element_ty), length, BT, HV * BT, BT, BT)
     z = warpgroup_mma_wait(0, deps=(z,))
