@@ -13,8 +13,9 @@ Here products whose operands are ready are issued before any is awaited:
    run inside each warp on its 16 x 16 diagonal block (``hopper_inverse_kernels``: warp-level products,
    no shared memory or barrier), then z = -rest at blocks of 16 rows is -A times their inverse: three
    steps through shared memory where there were six (B8 T4096 -2.5% on an H100, BENCHMARKS.md,
-   "2026-12-05, NVIDIA H100 ..., the inverse's first four levels inside each warp"). Beside the
-   sequential pass (CONCURRENT) the same form made the op 12.9% slower, so the levels stay whole there;
+   "2026-12-05, NVIDIA H100 ..., the inverse's first four levels inside each warp"); WARP_BLOCKS,
+   from launch.HOPPER_WARP_BLOCK_INVERSE. Beside the sequential pass (CONCURRENT) the same form made
+   the op 12.9% slower, so the levels stay whole there;
 3. w = (Ai diag(beta gamma / ||k||)) k, then u = (Ai diag(beta)) v (one accumulator at a time).
 
 q, k and v never pass through registers on their way to the products (with the l2norm in the
@@ -126,7 +127,7 @@ def gdn_prepare_hopper_kernel(
     H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
     BV: gl.constexpr, NV: gl.constexpr, L2NORM: gl.constexpr, VARLEN: gl.constexpr, LOG_N: gl.constexpr,
     DOT_PRECISION: gl.constexpr, INVERSE_PRECISION: gl.constexpr, CONCURRENT: gl.constexpr,
-    STORE_T: gl.constexpr = False,
+    STORE_T: gl.constexpr = False, WARP_BLOCKS: gl.constexpr = False,
 ):
     gl.static_assert(K == BK, "the Hopper prepare pass takes whole K rows (K a power of two)")
     gl.static_assert(INVERSE_PRECISION == "bf16", "the Hopper prepare pass rounds the inverse's operands to bf16")
@@ -136,7 +137,7 @@ def gdn_prepare_hopper_kernel(
     if length > 0:
         _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr,
                        chunk_start, length.to(gl.int32), i_h, i_hv, scale, H, HV, K, V, BT, BK, BV, NV, L2NORM,
-                       STORE_T, not CONCURRENT)
+                       STORE_T, WARP_BLOCKS)
     if CONCURRENT:  # the sequential pass runs beside this one and waits for this chunk (ready_flags)
         raise_flag(FLAGS + i_c * HV + i_hv)
         programs = gl.num_programs(0) * gl.num_programs(1)

@@ -446,6 +446,11 @@ LEAD_BESIDE_GAIN = 0.01
 # took 721 us against 168's 551 ("twelfth set"). K = 64 compiles to 246 registers uncapped (two programs
 # per SM) and to 168 with 8 bytes spilled; capped it was not measured. An empty table turns the pass off.
 HOPPER_PREPARE: Mapping[int, int | None] = types.MappingProxyType({64: None, 128: 168})
+# The Gluon prepare pass's inverse: its levels joining blocks of 1 to 8 rows inside each warp
+# (hopper_inverse_kernels) where it runs alone, B8 T4096 -2.5% on an H100 (BENCHMARKS.md, "the inverse's
+# first four levels inside each warp"). Beside a sequential pass the levels stay whole: there the faster
+# prepare pass ran ahead of the sequential programs and the op took 13-18% longer at B1 32/32 on an H100.
+HOPPER_WARP_BLOCK_INVERSE = True
 # The combine pass (the scan over segments, cut sequences only): its V tile, the widest padded K whose
 # K x K transition it takes as one operator (wider K goes in 32-column blocks through the stored
 # state), warps and pipeline stages (the transitions load a segment ahead of the product).
@@ -610,7 +615,7 @@ def launch_tables(block_k: int, arch: str | None) -> tuple:
             tuple(HOPPER_STAGES.items()), tuple(HOPPER_PREPARE.items()), tuple(HOPPER_REGISTER_STAGES.items()),
             tuple(HOPPER_REGISTER_PAIRS.items()), tuple(HOPPER_CONCURRENT.items()), tuple(COMBINE_LAUNCH.items()),
             tuple(HOPPER_REGISTER_CUT.items()), tuple(HOPPER_REGISTER_SEGMENT_STAGES.items()), HOPPER_PAIRS_FROM_V,
-            tuple(HOPPER_LEAD_SEGMENT.items()), tuple(HOPPER_LEAD_BESIDE_PREPARE.items()))
+            tuple(HOPPER_LEAD_SEGMENT.items()), tuple(HOPPER_LEAD_BESIDE_PREPARE.items()), HOPPER_WARP_BLOCK_INVERSE)
 
 
 def _launches(recipe: _Recipe, run: SimpleNamespace,
@@ -692,7 +697,7 @@ def _recipe(
     combine_launch: tuple[tuple[str, int], ...], hopper_register_cut: tuple[tuple[int, int], ...],
     hopper_register_segment_stages: tuple[tuple[int, int], ...], pairs_from_v: bool = False,
     lead_segment: tuple[tuple[int, int], ...] = (),
-    lead_beside_prepare: tuple[tuple[int, LeadRates], ...] = (),
+    lead_beside_prepare: tuple[tuple[int, LeadRates], ...] = (), warp_block_inverse: bool = False,
     *, sms: int | None = None,
 ) -> _Recipe:
     """``sms``: the SM count to plan for, where not the device's (plan_report's preview of a target)."""
@@ -793,13 +798,15 @@ def _recipe(
         # Beside the sequential pass: its programmatic dependent, started once every sequential program
         # has (ready_flags.launch_dependents), on the SMs they left.
         prepare_tail = {"CONCURRENT": plan.concurrent or beside_prepare, "num_warps": 4, "STORE_T": from_v,
+                        "WARP_BLOCKS": warp_block_inverse and not (plan.concurrent or beside_prepare),
                         **({"maxnreg": caps[key_dim]} if caps[key_dim] else {}),
                         **({"launch_pdl": True} if plan.concurrent or beside_prepare else {})}
     return _Recipe(
         spec=(q_shape, v_shape, dtype, cu_dtype, num_seqs, has_initial, output_final_state, l2norm, num_segments,
               device, seen, block_vs, launch, prepare_launch, hopper_stages, hopper_prepare, hopper_register_stages,
               hopper_register_pairs, hopper_concurrent, combine_launch, hopper_register_cut,
-              hopper_register_segment_stages, pairs_from_v, lead_segment, lead_beside_prepare),
+              hopper_register_segment_stages, pairs_from_v, lead_segment, lead_beside_prepare,
+              warp_block_inverse),
         chunks_per_seq=chunks_per_seq, segment_chunks=segment_chunks,
         segments_per_seq=segments_per_seq, max_segments=max_segments, segment_tokens=segment_tokens,
         prepare_grid=(max_chunks, value_heads),

@@ -286,6 +286,7 @@ def test_concurrent_recipe_launches_the_prepare_pass_as_the_waiting_sequential_p
     recipe = _sm90_recipe(monkeypatch, 1, 32768, 32, 32, None)
     assert recipe.concurrent and recipe.hopper_registers and recipe.hopper_prepare
     assert recipe.prepare_meta["CONCURRENT"] and recipe.prepare_meta["launch_pdl"]  # the dependent launch
+    assert not recipe.prepare_meta["WARP_BLOCKS"]  # beside the sequential pass the inverse's levels stay whole
     assert recipe.recurrence_grid == (2, 1, 32) and recipe.recurrence_meta["AWAIT"]
     assert "launch_pdl" not in recipe.recurrence_meta
     flags = recipe.workspace.parts[launch._Scratch._fields.index("flags")]
@@ -296,6 +297,7 @@ def test_concurrent_recipe_launches_the_prepare_pass_as_the_waiting_sequential_p
     serial = _sm90_recipe(monkeypatch, 8, 4096, 32, 32, None)
     assert not serial.concurrent and not serial.prepare_meta["CONCURRENT"] and not serial.recurrence_meta["AWAIT"]
     assert "launch_pdl" not in serial.prepare_meta
+    assert serial.prepare_meta["WARP_BLOCKS"] == launch.HOPPER_WARP_BLOCK_INVERSE
     assert serial.workspace.parts[launch._Scratch._fields.index("flags")].shape == (0,)
     # Nsight Compute and compute-sanitizer 2025.3 set the second and third, not CUDA_INJECTION64_PATH.
     for variable, value in (("CUDA_LAUNCH_BLOCKING", "1"), ("CUDA_INJECTION64_PATH", "/a/profiler.so"),
@@ -983,6 +985,7 @@ def test_gpu_passes_side_by_side_match_them_one_after_the_other(gpu_device: str,
         if form[0] == 2:  # the serial plan pairs the tiles where the pairs fill the SMs: make them do so
             tables.setattr(platform, "sm_count", lambda device: 1)
         tables.setattr(launch, "HOPPER_PAIRS_FROM_V", False)  # the same kernels' bits: w and u from the prepare pass
+        tables.setattr(launch, "HOPPER_WARP_BLOCK_INVERSE", False)  # and the inverse's levels whole, as beside
         want = serial_at_64(launch, call)
     assert ran_side_by_side(launch)
     for got in (first, replayed, captured):
