@@ -100,7 +100,10 @@ def _launch_line(name: str, grid: tuple[int, ...], meta: dict[str, object]) -> s
     shape = f", {meta['num_warps']} warps" + (f", {stages} stage{'s' * (stages != 1)}" if stages else "")
     dependent = ", programmatic dependent of the launch before it" if meta.get("launch_pdl") else ""
     waits = ", waits for each chunk's ready flag" if meta.get("AWAIT") else ""
-    return f"{_PASSES[name]}: grid {tuple(grid)}{shape}{dependent}{waits}"
+    # The Gluon prepare pass's forms: what it stores for the pairs, and where its inverse's first levels run.
+    stores = ", stores T = (I + A)^-1 diag(beta), the pass after it forms v_new" if meta.get("STORE_T") else ""
+    inverse = ", the inverse's levels joining 1 to 8 rows inside each warp" if meta.get("WARP_BLOCKS") else ""
+    return f"{_PASSES[name]}: grid {tuple(grid)}{shape}{dependent}{waits}{stores}{inverse}"
 
 
 def render(row: dict[str, object]) -> str:

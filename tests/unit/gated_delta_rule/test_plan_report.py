@@ -42,6 +42,10 @@ def test_report_gives_the_recipes_plan_and_launch_order(gluon_release: None) -> 
     assert packed["segment_chunks"] == 15 and "packed sequences in segments of 15 chunks" in packed["plan"]
     wide = _h200(GdnShape(1, 32768, 32, 32))
     assert wide["launches"][0].startswith("output pass") and "ready flag" in wide["launches"][0]
+    # The prepare pass's inverse: its first levels per warp where it runs alone, whole beside the output pass.
+    assert "inside each warp" in row["launches"][0] and "inside each warp" not in wide["launches"][1]
+    pairs = _h200(GdnShape(8, 4096, 32, 32))  # the pairs form v_new from the T the prepare pass stores
+    assert "stores T" in pairs["launches"][0] and "inside each warp" in pairs["launches"][0]
     text = plan_report.render(packed)
     assert "2 packed sequences, 8192 tokens in all" in text and "  4. output pass: grid (2, 8, 8)" in text
 
