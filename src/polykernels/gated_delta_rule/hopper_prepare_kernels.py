@@ -13,9 +13,9 @@ Here products whose operands are ready are issued before any is awaited:
    run inside each warp on its 16 x 16 diagonal block (``hopper_inverse_kernels``: warp-level products,
    no shared memory or barrier), then z = -rest at blocks of 16 rows is -A times their inverse: three
    steps through shared memory where there were six (B8 T4096 -2.5% on an H100, BENCHMARKS.md,
-   "2026-12-05, NVIDIA H100 ..., the inverse's first four levels inside each warp"); WARP_BLOCKS,
-   from launch.HOPPER_WARP_BLOCK_INVERSE. Beside the sequential pass (CONCURRENT) the same form made
-   the op 12.9% slower, so the levels stay whole there;
+   "2026-12-05, NVIDIA H100 ..., the inverse's first four levels inside each warp"). The launch asks
+   for it with WARP_BLOCKS (launch.HOPPER_WARP_BLOCK_INVERSE). Beside the sequential pass (CONCURRENT)
+   the same form made the op 12.9% slower, so the launch keeps the levels whole there;
 3. w = (Ai diag(beta gamma / ||k||)) k, then u = (Ai diag(beta)) v (one accumulator at a time).
 
 q, k and v never pass through registers on their way to the products (with the l2norm in the

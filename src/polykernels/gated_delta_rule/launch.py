@@ -449,7 +449,8 @@ HOPPER_PREPARE: Mapping[int, int | None] = types.MappingProxyType({64: None, 128
 # The Gluon prepare pass's inverse: its levels joining blocks of 1 to 8 rows inside each warp
 # (hopper_inverse_kernels) where it runs alone, B8 T4096 -2.5% on an H100 (BENCHMARKS.md, "the inverse's
 # first four levels inside each warp"). Beside a sequential pass the levels stay whole: there the faster
-# prepare pass ran ahead of the sequential programs and the op took 13-18% longer at B1 32/32 on an H100.
+# prepare pass ran ahead of the sequential programs, and the op took 13-18% longer at the B1 rows with 32
+# qk heads on an H100 (held back to 8 chunks ahead, still 1.3-1.8%: BENCHMARKS.md, "pacing the prepare pass").
 HOPPER_WARP_BLOCK_INVERSE = True
 # The combine pass (the scan over segments, cut sequences only): its V tile, the widest padded K whose
 # K x K transition it takes as one operator (wider K goes in 32-column blocks through the stored
@@ -796,11 +797,12 @@ def _recipe(
                   else 2 if lead else 0)
     if gluon_prepare:
         # Beside the sequential pass: its programmatic dependent, started once every sequential program
-        # has (ready_flags.launch_dependents), on the SMs they left.
-        prepare_tail = {"CONCURRENT": plan.concurrent or beside_prepare, "num_warps": 4, "STORE_T": from_v,
-                        "WARP_BLOCKS": warp_block_inverse and not (plan.concurrent or beside_prepare),
+        # has (ready_flags.launch_dependents), on the SMs they left; its inverse's levels whole there.
+        dependent = plan.concurrent or beside_prepare
+        prepare_tail = {"CONCURRENT": dependent, "num_warps": 4, "STORE_T": from_v,
+                        "WARP_BLOCKS": warp_block_inverse and not dependent,
                         **({"maxnreg": caps[key_dim]} if caps[key_dim] else {}),
-                        **({"launch_pdl": True} if plan.concurrent or beside_prepare else {})}
+                        **({"launch_pdl": True} if dependent else {})}
     return _Recipe(
         spec=(q_shape, v_shape, dtype, cu_dtype, num_seqs, has_initial, output_final_state, l2norm, num_segments,
               device, seen, block_vs, launch, prepare_launch, hopper_stages, hopper_prepare, hopper_register_stages,
