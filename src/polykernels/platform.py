@@ -181,6 +181,25 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def dram_gbps(device: Any) -> float | None:
+    """The peak DRAM bandwidth of ``device`` in GB/s (memory clock x bus width, double data rate),
+    from Triton's driver; None off CUDA, where the plan then takes its choice for unknown GPUs."""
+    if device.type != "cuda" or not has_triton():
+        return None
+    import torch
+
+    return _dram_gbps(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _dram_gbps(device_index: int) -> float | None:
+    from triton.runtime import driver
+
+    props = driver.active.utils.get_device_properties(device_index)
+    clock_khz, bus_bits = props.get("mem_clock_rate", 0), props.get("mem_bus_width", 0)
+    return 2 * clock_khz * 1e3 * bus_bits / 8 / 1e9 if clock_khz > 0 and bus_bits > 0 else None
+
+
 def has_triton_gpu() -> bool:
     """Triton kernels can be launched here: a GPU and the triton package."""
     return current().is_gpu and has_triton()

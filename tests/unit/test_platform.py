@@ -70,3 +70,26 @@ def test_import_touches_no_vendor_module() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_dram_bandwidth_is_not_known_off_cuda() -> None:
+    import torch
+
+    assert platform.dram_gbps(torch.device("cpu")) is None
+
+
+@pytest.mark.gpu
+def test_gpu_dram_bandwidth_places_the_measured_hoppers_either_side_of_the_plans_line(gpu_device: str) -> None:
+    # launch.HOPPER_CONCURRENT_WARP_BLOCKS_GBPS lies between the H100 (3.35 TB/s) and the H200 (4.8) measured.
+    import torch
+
+    from polykernels.gated_delta_rule.launch import HOPPER_CONCURRENT_WARP_BLOCKS_GBPS
+
+    device = torch.device(gpu_device)
+    gbps = platform.dram_gbps(device)
+    assert gbps is not None and 100 < gbps < 20_000, gbps
+    name = torch.cuda.get_device_name(device)
+    if "H200" in name:
+        assert gbps >= HOPPER_CONCURRENT_WARP_BLOCKS_GBPS, (name, gbps)
+    elif "H100" in name and "HBM3" in name:  # the SXM part measured (H100 NVL and PCIe differ)
+        assert gbps < HOPPER_CONCURRENT_WARP_BLOCKS_GBPS, (name, gbps)

@@ -9,13 +9,14 @@ Here products whose operands are ready are issued before any is awaited:
 1. k k^T and the scores q k^T, straight from the tiles cp.async brought in;
 2. (I + A)^-1 by block doubling (``kernels._unit_lower_inverse``): each level's two products, the
    inverse so far and z = -rest times (I - N), are issued together from the same copy of -N; the left
-   operands come from registers. Where the pass runs alone, the levels that join blocks of 1 to 8 rows
-   run inside each warp on its 16 x 16 diagonal block (``hopper_inverse_kernels``: warp-level products,
+   operands come from registers. With WARP_BLOCKS the levels that join blocks of 1 to 8 rows run
+   inside each warp on its 16 x 16 diagonal block (``hopper_inverse_kernels``: warp-level products,
    no shared memory or barrier), then z = -rest at blocks of 16 rows is -A times their inverse: three
-   steps through shared memory where there were six (B8 T4096 -2.5% on an H100, BENCHMARKS.md,
-   "2026-12-05, NVIDIA H100 ..., the inverse's first four levels inside each warp"). The launch asks
-   for it with WARP_BLOCKS (launch.HOPPER_WARP_BLOCK_INVERSE). Beside the sequential pass (CONCURRENT)
-   the same form made the op 12.9% slower, so the launch keeps the levels whole there;
+   steps through shared memory where there were six (B8 T4096 -3.2% on an H200, BENCHMARKS.md,
+   "thirty-third set"). The launch asks for it where the pass runs alone
+   (launch.HOPPER_WARP_BLOCK_INVERSE), and beside the sequential pass (CONCURRENT) only where the
+   GPU's DRAM keeps up with a prepare pass that runs further ahead (launch.concurrent_warp_blocks:
+   -8.5% at B1 T32768 32/32 on an H200, +13.1% on an H100);
 3. w = (Ai diag(beta gamma / ||k||)) k, then u = (Ai diag(beta)) v (one accumulator at a time).
 
 q, k and v never pass through registers on their way to the products (with the l2norm in the

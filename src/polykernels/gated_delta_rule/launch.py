@@ -447,11 +447,16 @@ LEAD_BESIDE_GAIN = 0.01
 # per SM) and to 168 with 8 bytes spilled; capped it was not measured. An empty table turns the pass off.
 HOPPER_PREPARE: Mapping[int, int | None] = types.MappingProxyType({64: None, 128: 168})
 # The Gluon prepare pass's inverse: its levels joining blocks of 1 to 8 rows inside each warp
-# (hopper_inverse_kernels) where it runs alone, B8 T4096 -2.5% on an H100 (BENCHMARKS.md, "the inverse's
-# first four levels inside each warp"). Beside a sequential pass the levels stay whole: there the faster
-# prepare pass ran ahead of the sequential programs, and the op took 13-18% longer at the B1 rows with 32
-# qk heads on an H100 (held back to 8 chunks ahead, still 1.3-1.8%: BENCHMARKS.md, "pacing the prepare pass").
+# (hopper_inverse_kernels) where it runs alone, B8 T4096 -2.5% on an H100 and -3.2% on an H200 (BENCHMARKS.md,
+# "the inverse's first four levels inside each warp", "thirty-third set").
 HOPPER_WARP_BLOCK_INVERSE = True
+# Beside the sequential pass (concurrent_warp_blocks) the faster prepare pass runs further ahead of the
+# sequential programs that read what it stores, and the two passes' shared traffic decides: on an H200
+# (4.8 TB/s) the per-warp levels made the op 8.5% shorter at B1 T32768 32/32 (9.1% at T131072), on an H100
+# (3.35 TB/s) 13.1% longer (18.2%); with half the qk heads (16/32) 5.4% and 3.9% shorter ("thirty-third set").
+# So they run there from this DRAM bandwidth (GB/s, between the two GPUs measured), or with fewer qk heads
+# than value heads; elsewhere the levels stay whole.
+HOPPER_CONCURRENT_WARP_BLOCKS_GBPS = 4000.0
 # The combine pass (the scan over segments, cut sequences only): its V tile, the widest padded K whose
 # K x K transition it takes as one operator (wider K goes in 32-column blocks through the stored
 # state), warps and pipeline stages (the transitions load a segment ahead of the product).
@@ -616,7 +621,15 @@ def launch_tables(block_k: int, arch: str | None) -> tuple:
             tuple(HOPPER_STAGES.items()), tuple(HOPPER_PREPARE.items()), tuple(HOPPER_REGISTER_STAGES.items()),
             tuple(HOPPER_REGISTER_PAIRS.items()), tuple(HOPPER_CONCURRENT.items()), tuple(COMBINE_LAUNCH.items()),
             tuple(HOPPER_REGISTER_CUT.items()), tuple(HOPPER_REGISTER_SEGMENT_STAGES.items()), HOPPER_PAIRS_FROM_V,
-            tuple(HOPPER_LEAD_SEGMENT.items()), tuple(HOPPER_LEAD_BESIDE_PREPARE.items()), HOPPER_WARP_BLOCK_INVERSE)
+            tuple(HOPPER_LEAD_SEGMENT.items()), tuple(HOPPER_LEAD_BESIDE_PREPARE.items()), HOPPER_WARP_BLOCK_INVERSE,
+            HOPPER_CONCURRENT_WARP_BLOCKS_GBPS)
+
+
+def concurrent_warp_blocks(heads: int, value_heads: int, dram_gbps: float | None, least_gbps: float) -> bool:
+    """Whether the prepare pass beside the sequential pass takes its inverse's per-warp levels
+    (HOPPER_CONCURRENT_WARP_BLOCKS_GBPS): fewer qk heads than value heads, or DRAM of ``least_gbps``
+    or more (``dram_gbps`` None: not known, the levels stay whole)."""
+    return heads < value_heads or (dram_gbps is not None and dram_gbps >= least_gbps)
 
 
 def _launches(recipe: _Recipe, run: SimpleNamespace,
@@ -699,9 +712,10 @@ def _recipe(
     hopper_register_segment_stages: tuple[tuple[int, int], ...], pairs_from_v: bool = False,
     lead_segment: tuple[tuple[int, int], ...] = (),
     lead_beside_prepare: tuple[tuple[int, LeadRates], ...] = (), warp_block_inverse: bool = False,
-    *, sms: int | None = None,
+    concurrent_warp_blocks_gbps: float = math.inf, *, sms: int | None = None,
 ) -> _Recipe:
-    """``sms``: the SM count to plan for, where not the device's (plan_report's preview of a target)."""
+    """``sms``: the SM count to plan for, where not the device's (plan_report's preview of a target;
+    its DRAM bandwidth is then not known either)."""
     batch, tokens, heads, key_dim = q_shape
     value_heads, value_dim = v_shape[2], v_shape[3]
     varlen, total = cu_dtype is not None, batch * tokens
@@ -797,10 +811,13 @@ def _recipe(
                   else 2 if lead else 0)
     if gluon_prepare:
         # Beside the sequential pass: its programmatic dependent, started once every sequential program
-        # has (ready_flags.launch_dependents), on the SMs they left; its inverse's levels whole there.
+        # has (ready_flags.launch_dependents), on the SMs they left; its inverse's per-warp levels there
+        # where the GPU's DRAM or the heads allow (beside the lead: not measured, whole).
         dependent = plan.concurrent or beside_prepare
+        per_warp_beside = plan.concurrent and concurrent_warp_blocks(
+            heads, value_heads, None if sms else platform.dram_gbps(device), concurrent_warp_blocks_gbps)
         prepare_tail = {"CONCURRENT": dependent, "num_warps": 4, "STORE_T": from_v,
-                        "WARP_BLOCKS": warp_block_inverse and not dependent,
+                        "WARP_BLOCKS": warp_block_inverse and (not dependent or per_warp_beside),
                         **({"maxnreg": caps[key_dim]} if caps[key_dim] else {}),
                         **({"launch_pdl": True} if dependent else {})}
     return _Recipe(
@@ -808,7 +825,7 @@ def _recipe(
               device, seen, block_vs, launch, prepare_launch, hopper_stages, hopper_prepare, hopper_register_stages,
               hopper_register_pairs, hopper_concurrent, combine_launch, hopper_register_cut,
               hopper_register_segment_stages, pairs_from_v, lead_segment, lead_beside_prepare,
-              warp_block_inverse),
+              warp_block_inverse, concurrent_warp_blocks_gbps),
         chunks_per_seq=chunks_per_seq, segment_chunks=segment_chunks,
         segments_per_seq=segments_per_seq, max_segments=max_segments, segment_tokens=segment_tokens,
         prepare_grid=(max_chunks, value_heads),

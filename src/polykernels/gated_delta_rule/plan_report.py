@@ -81,7 +81,22 @@ def report(shape: GdnShape, dtype: torch.dtype = torch.bfloat16, sms: int | None
         "launches": [_launch_line(name, grid, meta)
                      for _, grid, name, meta, _ in launch._launches(recipe, launch._launchers(), ())],
     })
+    if recipe.concurrent and recipe.hopper_prepare:
+        row["inverse_beside"] = _inverse_beside(shape, None if sms else platform.dram_gbps(device))
     return row
+
+
+def _inverse_beside(shape: GdnShape, dram_gbps: float | None) -> str:
+    """Why the prepare pass beside the sequential pass takes its inverse's per-warp levels or not."""
+    least = launch.HOPPER_CONCURRENT_WARP_BLOCKS_GBPS
+    per_warp = launch.concurrent_warp_blocks(shape.heads, shape.value_heads, dram_gbps, least)
+    if shape.heads < shape.value_heads:
+        why = f"fewer qk heads ({shape.heads}) than value heads ({shape.value_heads})"
+    elif dram_gbps is None:
+        why = f"this GPU's DRAM bandwidth not known here (per-warp from {least:.0f} GB/s)"
+    else:
+        why = f"DRAM {dram_gbps:.0f} GB/s, {'at least' if per_warp else 'under'} {least:.0f}"
+    return f"{'per-warp' if per_warp else 'whole'} levels beside the output pass: {why}"
 
 
 def _describe(shape: GdnShape) -> str:
@@ -116,5 +131,7 @@ def render(row: dict[str, object]) -> str:
     lines.append(f"  plan: {row['plan']}")
     if "launch_table" in row:
         lines.append(f"  launches: {row['launch_table']}")
+    if "inverse_beside" in row:
+        lines.append(f"  the prepare pass's inverse: {row['inverse_beside']}")
     lines.extend(f"  {i}. {line}" for i, line in enumerate(row["launches"], start=1))
     return "\n".join(lines)

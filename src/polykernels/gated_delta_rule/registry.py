@@ -167,9 +167,12 @@ for _name, _segment_state, _block_v in (
     ))
 # The Gluon prepare pass (sm_90 only: wgmma), with the register cap the launcher gives it at K = 128;
 # also its form that raises each chunk's ready flag for a sequential pass running beside it
-# (launch._recipe's concurrent and lead beside the prepare pass; one sequence per batch row).
+# (launch._recipe's concurrent and lead beside the prepare pass; one sequence per batch row), with the
+# inverse's levels whole and per warp (launch.concurrent_warp_blocks).
 _PREPARE_CAP = HOPPER_PREPARE.get(128)
-for _name, _concurrent in (("gdn_prepare_hopper", False), ("gdn_prepare_hopper_concurrent", True)):
+for _name, _concurrent, _warp_blocks in (("gdn_prepare_hopper", False, HOPPER_WARP_BLOCK_INVERSE),
+                                         ("gdn_prepare_hopper_concurrent", True, False),
+                                         ("gdn_prepare_hopper_concurrent_warp", True, HOPPER_WARP_BLOCK_INVERSE)):
     register(KernelSpec(
         name=_name, module="polykernels.gated_delta_rule.hopper_prepare_kernels",
         function="gdn_prepare_hopper_kernel",
@@ -178,8 +181,7 @@ for _name, _concurrent in (("gdn_prepare_hopper", False), ("gdn_prepare_hopper_c
                    **{name: kind for name, kind in _PREPARE_SIGNATURE.items() if kind == "constexpr"},
                    "CONCURRENT": "constexpr", "WARP_BLOCKS": "constexpr"},
         constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV,
-                    "VARLEN": not _concurrent, "CONCURRENT": _concurrent,
-                    "WARP_BLOCKS": HOPPER_WARP_BLOCK_INVERSE and not _concurrent},
+                    "VARLEN": not _concurrent, "CONCURRENT": _concurrent, "WARP_BLOCKS": _warp_blocks},
         allowed=_on_hopper, platform_constexprs=functools.partial(_prepare_precision, False),
         options={"num_warps": 4, **({"maxnreg": _PREPARE_CAP} if _PREPARE_CAP else {})},
     ))

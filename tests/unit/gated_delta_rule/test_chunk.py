@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -286,7 +287,7 @@ def test_concurrent_recipe_launches_the_prepare_pass_as_the_waiting_sequential_p
     recipe = _sm90_recipe(monkeypatch, 1, 32768, 32, 32, None)
     assert recipe.concurrent and recipe.hopper_registers and recipe.hopper_prepare
     assert recipe.prepare_meta["CONCURRENT"] and recipe.prepare_meta["launch_pdl"]  # the dependent launch
-    assert not recipe.prepare_meta["WARP_BLOCKS"]  # beside the sequential pass the inverse's levels stay whole
+    assert not recipe.prepare_meta["WARP_BLOCKS"]  # this GPU's DRAM not known: the inverse's levels stay whole
     assert recipe.recurrence_grid == (2, 1, 32) and recipe.recurrence_meta["AWAIT"]
     assert "launch_pdl" not in recipe.recurrence_meta
     flags = recipe.workspace.parts[launch._Scratch._fields.index("flags")]
@@ -317,6 +318,32 @@ def test_concurrent_recipe_launches_the_prepare_pass_as_the_waiting_sequential_p
     monkeypatch.setattr(launch, "HOPPER_CONCURRENT", {})  # an empty table turns it off
     off = _sm90_recipe(monkeypatch, 1, 32768, 32, 32, None)
     assert not off.concurrent and off.recurrence_meta["BV"] == 32
+
+
+@pytest.mark.parametrize(("heads", "dram_gbps", "per_warp"), [
+    (32, 4800.0, True), (32, 3352.0, False), (32, None, False), (16, 3352.0, True), (16, None, True)],
+    ids=["h200", "h100", "unknown", "h100-gva", "unknown-gva"])
+def test_concurrent_prepare_takes_the_per_warp_inverse_where_dram_or_heads_allow(
+        monkeypatch: pytest.MonkeyPatch, heads: int, dram_gbps: float | None, per_warp: bool) -> None:
+    # Beside the sequential pass the per-warp levels paid on an H200 (4.8 TB/s) and cost on an H100 (3.35)
+    # at 32/32; with half the qk heads they paid on both (launch.HOPPER_CONCURRENT_WARP_BLOCKS_GBPS).
+    from polykernels import platform
+    from polykernels.gated_delta_rule import launch
+
+    for variable in ("CUDA_LAUNCH_BLOCKING", *launch.INJECTED_TOOL_VARIABLES, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+                     "POLYKERNELS_GDN_CONCURRENT"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(platform, "dram_gbps", lambda device: dram_gbps)
+    launch._recipe.cache_clear()
+    recipe = _sm90_recipe(monkeypatch, 1, 32768, heads, 32, None)
+    assert recipe.concurrent and recipe.prepare_meta["CONCURRENT"]
+    assert recipe.prepare_meta["WARP_BLOCKS"] is per_warp
+    monkeypatch.setattr(launch, "HOPPER_WARP_BLOCK_INVERSE", False)  # the inverse's switch holds beside too
+    assert not _sm90_recipe(monkeypatch, 1, 32768, heads, 32, None).prepare_meta["WARP_BLOCKS"]
+    monkeypatch.setattr(launch, "HOPPER_WARP_BLOCK_INVERSE", True)
+    monkeypatch.setattr(launch, "HOPPER_CONCURRENT_WARP_BLOCKS_GBPS", math.inf)  # a new table, a new recipe
+    assert _sm90_recipe(monkeypatch, 1, 32768, heads, 32, None).prepare_meta["WARP_BLOCKS"] is (heads < 32)
+    launch._recipe.cache_clear()
 
 
 @pytest.mark.parametrize(("value_heads", "num_segments", "registers"), [
@@ -985,7 +1012,10 @@ def test_gpu_passes_side_by_side_match_them_one_after_the_other(gpu_device: str,
         if form[0] == 2:  # the serial plan pairs the tiles where the pairs fill the SMs: make them do so
             tables.setattr(platform, "sm_count", lambda device: 1)
         tables.setattr(launch, "HOPPER_PAIRS_FROM_V", False)  # the same kernels' bits: w and u from the prepare pass
-        tables.setattr(launch, "HOPPER_WARP_BLOCK_INVERSE", False)  # and the inverse's levels whole, as beside
+        # and the inverse's levels as beside (per warp where the GPU's DRAM or the heads allow)
+        beside = launch.concurrent_warp_blocks(8, value_heads, platform.dram_gbps(torch.device(gpu_device)),
+                                               launch.HOPPER_CONCURRENT_WARP_BLOCKS_GBPS)
+        tables.setattr(launch, "HOPPER_WARP_BLOCK_INVERSE", launch.HOPPER_WARP_BLOCK_INVERSE and beside)
         want = serial_at_64(launch, call)
     assert ran_side_by_side(launch)
     for got in (first, replayed, captured):
@@ -1311,8 +1341,9 @@ def test_kernels_compile_for_amd(target: str) -> None:
     assert set(family) - set(names) == {"gdn_recurrence_hopper", "gdn_segment_state_hopper", "gdn_prepare_hopper",
                                         "gdn_recurrence_hopper_wide", "gdn_segment_state_hopper_wide",
                                         "gdn_recurrence_hopper_rs", "gdn_recurrence_hopper_rs_pair",
-                                        "gdn_prepare_hopper_concurrent", "gdn_recurrence_hopper_rs_concurrent",
-                                        "gdn_segment_state_hopper_rs", "gdn_prepare_hopper_t",
+                                        "gdn_prepare_hopper_concurrent", "gdn_prepare_hopper_concurrent_warp",
+                                        "gdn_recurrence_hopper_rs_concurrent", "gdn_segment_state_hopper_rs",
+                                        "gdn_prepare_hopper_t",
                                         "gdn_recurrence_hopper_rs_pair_from_v", "gdn_recurrence_hopper_rs_lead",
                                         "gdn_segment_state_hopper_rs_after_lead",
                                         "gdn_recurrence_hopper_rs_after_lead",

@@ -42,8 +42,14 @@ def test_report_gives_the_recipes_plan_and_launch_order(gluon_release: None) -> 
     assert packed["segment_chunks"] == 15 and "packed sequences in segments of 15 chunks" in packed["plan"]
     wide = _h200(GdnShape(1, 32768, 32, 32))
     assert wide["launches"][0].startswith("output pass") and "ready flag" in wide["launches"][0]
-    # The prepare pass's inverse: its first levels per warp where it runs alone, whole beside the output pass.
+    # The prepare pass's inverse: its first levels per warp where it runs alone; beside the output pass the
+    # GPU's DRAM decides, not known in a preview (whole), and fewer qk heads than value heads take them.
     assert "inside each warp" in row["launches"][0] and "inside each warp" not in wide["launches"][1]
+    assert wide["inverse_beside"].startswith("whole levels") and "not known" in wide["inverse_beside"]
+    assert "inverse_beside" not in row  # the prepare pass runs alone there
+    gva = _h200(GdnShape(1, 32768, 16, 32))
+    assert "inside each warp" in gva["launches"][1] and "fewer qk heads (16)" in gva["inverse_beside"]
+    assert "the prepare pass's inverse: per-warp levels" in plan_report.render(gva)
     pairs = _h200(GdnShape(8, 4096, 32, 32))  # the pairs form v_new from the T the prepare pass stores
     assert "stores T" in pairs["launches"][0] and "inside each warp" in pairs["launches"][0]
     text = plan_report.render(packed)
