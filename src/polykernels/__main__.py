@@ -19,6 +19,9 @@ def main(argv: list[str] | None = None) -> int:
     info.add_argument("--target", metavar="cuda:NN|hip:gfxNNN",
                       help="--gdn: plan for this GPU instead of this machine's (with --sms)")
     info.add_argument("--sms", type=int, help="--gdn with --target: its SM (CU) count")
+    info.add_argument("--dram-gbps", type=float,
+                      help="--gdn with --target: its peak DRAM bandwidth in GB/s (beside the output pass the prepare "
+                           "pass's inverse depends on it; not known without it)")
     commands.add_parser("selftest", help="run the pre-publish suites on this machine (python -m polykernels.suites)")
     args, rest = parser.parse_known_args(argv)
     if args.command == "info" and args.gdn:
@@ -46,11 +49,13 @@ def _gdn_plan(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error("--target and --sms go together: the GPU to plan for and its SM count")
     if args.sms is not None and args.sms < 1:
         parser.error(f"--sms must be a positive SM count, got {args.sms}")
+    if args.dram_gbps is not None and (args.target is None or not args.dram_gbps > 0):
+        parser.error(f"--dram-gbps goes with --target and must be a positive bandwidth in GB/s, got {args.dram_gbps}")
     try:
         shape = plan_report.GdnShape.parse(args.gdn, packed=args.packed)
         seen = platform.for_triton_target(args.target) if args.target else platform.current()
         with platform.use(seen):
-            row = plan_report.report(shape, plan_report.DTYPES[args.dtype], sms=args.sms)
+            row = plan_report.report(shape, plan_report.DTYPES[args.dtype], sms=args.sms, dram_gbps=args.dram_gbps)
     except ValueError as exc:
         parser.error(str(exc))
     print(json.dumps(row, indent=2) if args.json else plan_report.render(row))

@@ -712,10 +712,10 @@ def _recipe(
     hopper_register_segment_stages: tuple[tuple[int, int], ...], pairs_from_v: bool = False,
     lead_segment: tuple[tuple[int, int], ...] = (),
     lead_beside_prepare: tuple[tuple[int, LeadRates], ...] = (), warp_block_inverse: bool = False,
-    concurrent_warp_blocks_gbps: float = math.inf, *, sms: int | None = None,
+    concurrent_warp_blocks_gbps: float = math.inf, *, sms: int | None = None, dram_gbps: float | None = None,
 ) -> _Recipe:
-    """``sms``: the SM count to plan for, where not the device's (plan_report's preview of a target;
-    its DRAM bandwidth is then not known either)."""
+    """``sms`` and ``dram_gbps``: the SM count and peak DRAM bandwidth (GB/s) to plan for, where not the
+    device's (plan_report's preview of a target; ``dram_gbps`` None there: not known)."""
     batch, tokens, heads, key_dim = q_shape
     value_heads, value_dim = v_shape[2], v_shape[3]
     varlen, total = cu_dtype is not None, batch * tokens
@@ -815,7 +815,7 @@ def _recipe(
         # where the GPU's DRAM or the heads allow (beside the lead: not measured, whole).
         dependent = plan.concurrent or beside_prepare
         per_warp_beside = plan.concurrent and concurrent_warp_blocks(
-            heads, value_heads, None if sms else platform.dram_gbps(device), concurrent_warp_blocks_gbps)
+            heads, value_heads, dram_gbps if sms else platform.dram_gbps(device), concurrent_warp_blocks_gbps)
         prepare_tail = {"CONCURRENT": dependent, "num_warps": 4, "STORE_T": from_v,
                         "WARP_BLOCKS": warp_block_inverse and (not dependent or per_warp_beside),
                         **({"maxnreg": caps[key_dim]} if caps[key_dim] else {}),

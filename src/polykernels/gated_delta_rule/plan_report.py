@@ -51,9 +51,10 @@ class GdnShape:
         return shape
 
 
-def report(shape: GdnShape, dtype: torch.dtype = torch.bfloat16, sms: int | None = None) -> dict[str, object]:
-    """The plan and launches on the current platform (``platform.use`` to ask about another; ``sms`` then
-    stands for its SM count)."""
+def report(shape: GdnShape, dtype: torch.dtype = torch.bfloat16, sms: int | None = None,
+           dram_gbps: float | None = None) -> dict[str, object]:
+    """The plan and launches on the current platform (``platform.use`` to ask about another; ``sms`` and
+    ``dram_gbps`` then stand for its SM count and its peak DRAM bandwidth, None: not known)."""
     seen = platform.current()
     path = guards.choose("cuda" if seen.is_gpu else "cpu")
     row: dict[str, object] = {"shape": _describe(shape), "platform": f"{seen.backend} {seen.arch}", "path": path.path}
@@ -68,7 +69,8 @@ def report(shape: GdnShape, dtype: torch.dtype = torch.bfloat16, sms: int | None
     device = torch.device("cuda", torch.cuda.current_device()) if sms is None else torch.device("cuda")
     block_k = launch._block(shape.key_dim)
     recipe = launch._recipe(q_shape, v_shape, dtype, torch.int32 if shape.packed else None, shape.num_seqs, False,
-                            True, False, None, device, seen, *launch.launch_tables(block_k, seen.arch), sms=sms)
+                            True, False, None, device, seen, *launch.launch_tables(block_k, seen.arch), sms=sms,
+                            dram_gbps=dram_gbps)
     plan = recipe.plan
     # The Triton passes run (not both Gluon passes) with their arch's own launches, not the default's.
     own = (not (recipe.hopper and recipe.hopper_prepare)
@@ -82,7 +84,7 @@ def report(shape: GdnShape, dtype: torch.dtype = torch.bfloat16, sms: int | None
                      for _, grid, name, meta, _ in launch._launches(recipe, launch._launchers(), ())],
     })
     if recipe.concurrent and recipe.hopper_prepare:
-        row["inverse_beside"] = _inverse_beside(shape, None if sms else platform.dram_gbps(device))
+        row["inverse_beside"] = _inverse_beside(shape, dram_gbps if sms else platform.dram_gbps(device))
     return row
 
 
@@ -93,7 +95,7 @@ def _inverse_beside(shape: GdnShape, dram_gbps: float | None) -> str:
     if shape.heads < shape.value_heads:
         why = f"fewer qk heads ({shape.heads}) than value heads ({shape.value_heads})"
     elif dram_gbps is None:
-        why = f"this GPU's DRAM bandwidth not known here (per-warp from {least:.0f} GB/s)"
+        why = f"the GPU's DRAM bandwidth not known (--dram-gbps gives it; per-warp from {least:.0f} GB/s)"
     else:
         why = f"DRAM {dram_gbps:.0f} GB/s, {'at least' if per_warp else 'under'} {least:.0f}"
     return f"{'per-warp' if per_warp else 'whole'} levels beside the output pass: {why}"

@@ -87,17 +87,27 @@ def test_info_gdn_prints_the_plan_for_a_target(gluon_release: None, capsys: pyte
     assert "launches: sm_80's entries in launch.ARCH_*" in out
     assert main(["info", "--gdn", "1,32768,2,8", "--target", "hip:gfx942", "--sms", "304"]) == 0
     assert "launches:" not in capsys.readouterr().out  # the default launches there
+    # An H200 and an H100 by their DRAM: the prepare pass's inverse beside the output pass follows it.
+    for gbps, form in (("4814", "per-warp levels beside the output pass: DRAM 4814 GB/s, at least 4000"),
+                       ("3352", "whole levels beside the output pass: DRAM 3352 GB/s, under 4000")):
+        assert main(["info", "--gdn", "1,32768,32,32", "--target", "cuda:90", "--sms", "132", "--dram-gbps", gbps]) == 0
+        out = capsys.readouterr().out
+        assert form in out and ("inside each warp" in out) == (gbps == "4814")
 
 
 @pytest.mark.parametrize("argv", [
     ["--target", "cuda:90"], ["--sms", "132"], ["--target", "cuda:xx", "--sms", "132"],
-    ["--target", "cuda:90", "--sms", "0"]], ids=["target-alone", "sms-alone", "bad-target", "no-sms"])
+    ["--target", "cuda:90", "--sms", "0"], ["--dram-gbps", "4800"],
+    ["--target", "cuda:90", "--sms", "132", "--dram-gbps", "0"],
+    ["--target", "cuda:90", "--sms", "132", "--dram-gbps", "nan"]],
+    ids=["target-alone", "sms-alone", "bad-target", "no-sms", "dram-without-target", "no-dram", "nan-dram"])
 def test_info_gdn_rejects_bad_arguments_by_name(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["info", "--gdn", "1,4096,2,8", *argv])
     assert exited.value.code == 2
     error = capsys.readouterr().err.splitlines()[-1]
-    assert error.startswith("polykernels info: error: --") and ("--target" in error or "--sms" in error)
+    assert error.startswith("polykernels info: error: --") and any(
+        name in error for name in ("--target", "--sms", "--dram-gbps"))
 
 
 def test_info_gdn_without_a_gpu_or_target_asks_for_one(monkeypatch: pytest.MonkeyPatch,
