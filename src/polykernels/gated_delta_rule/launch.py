@@ -625,11 +625,17 @@ def launch_tables(block_k: int, arch: str | None) -> tuple:
             HOPPER_CONCURRENT_WARP_BLOCKS_GBPS)
 
 
-def concurrent_warp_blocks(heads: int, value_heads: int, dram_gbps: float | None, least_gbps: float) -> bool:
+def concurrent_warp_blocks(heads: int, value_heads: int, dram_gbps: float | None,
+                           least_gbps: float) -> tuple[bool, str]:
     """Whether the prepare pass beside the sequential pass takes its inverse's per-warp levels
-    (HOPPER_CONCURRENT_WARP_BLOCKS_GBPS): fewer qk heads than value heads, or DRAM of ``least_gbps``
-    or more (``dram_gbps`` None: not known, the levels stay whole)."""
-    return heads < value_heads or (dram_gbps is not None and dram_gbps >= least_gbps)
+    (HOPPER_CONCURRENT_WARP_BLOCKS_GBPS), and why: fewer qk heads than value heads, or DRAM of
+    ``least_gbps`` or more (``dram_gbps`` None: not known, the levels stay whole)."""
+    if heads < value_heads:
+        return True, f"fewer qk heads ({heads}) than value heads ({value_heads})"
+    if dram_gbps is None:
+        return False, f"the GPU's DRAM bandwidth not known (--dram-gbps gives it; per-warp from {least_gbps:.0f} GB/s)"
+    per_warp = dram_gbps >= least_gbps
+    return per_warp, f"DRAM {dram_gbps:.0f} GB/s, {'at least' if per_warp else 'under'} {least_gbps:.0f}"
 
 
 def _launches(recipe: _Recipe, run: SimpleNamespace,
@@ -695,6 +701,7 @@ class _Recipe:
     sequential_programs: int  # concurrent: the sequential pass's grid size (ready_flags.end_after_leader)
     workspace: Layout  # every intermediate (_Scratch)
     from_v: bool = False  # HOPPER_PAIRS_FROM_V: the prepare pass stores T, the sequential pass reads v
+    inverse_beside: str = ""  # concurrent: why the prepare pass's inverse takes its levels whole or per warp
     plan: SegmentPlan | None = None  # what plan_segments chose, and why (plan_report)
 
 
@@ -809,13 +816,15 @@ def _recipe(
     # segment states' where the lead runs beside the prepare pass (hopper_register_kernels).
     flag_count = (max_chunks * value_heads + 2 if plan.concurrent else max_chunks * value_heads + 3 if beside_prepare
                   else 2 if lead else 0)
+    inverse_beside = ""
     if gluon_prepare:
         # Beside the sequential pass: its programmatic dependent, started once every sequential program
         # has (ready_flags.launch_dependents), on the SMs they left; its inverse's per-warp levels there
         # where the GPU's DRAM or the heads allow (beside the lead: not measured, whole).
         dependent = plan.concurrent or beside_prepare
-        per_warp_beside = plan.concurrent and concurrent_warp_blocks(
-            heads, value_heads, dram_gbps if sms else platform.dram_gbps(device), concurrent_warp_blocks_gbps)
+        per_warp_beside, inverse_beside = concurrent_warp_blocks(
+            heads, value_heads, dram_gbps if sms else platform.dram_gbps(device), concurrent_warp_blocks_gbps
+        ) if plan.concurrent else (False, "")
         prepare_tail = {"CONCURRENT": dependent, "num_warps": 4, "STORE_T": from_v,
                         "WARP_BLOCKS": warp_block_inverse and (not dependent or per_warp_beside),
                         **({"maxnreg": caps[key_dim]} if caps[key_dim] else {}),
@@ -860,6 +869,7 @@ def _recipe(
         beside_prepare=beside_prepare,
         sequential_programs=value_tiles * max_segments * value_heads if plan.concurrent else 0,
         from_v=from_v,
+        inverse_beside=inverse_beside,
         plan=plan,
         workspace=_workspace(total, value_heads, key_dim, value_dim, dtype, max_segments, bool(segment_chunks),
                              flag_count, from_v,

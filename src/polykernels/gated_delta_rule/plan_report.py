@@ -83,22 +83,10 @@ def report(shape: GdnShape, dtype: torch.dtype = torch.bfloat16, sms: int | None
         "launches": [_launch_line(name, grid, meta)
                      for _, grid, name, meta, _ in launch._launches(recipe, launch._launchers(), ())],
     })
-    if recipe.concurrent and recipe.hopper_prepare:
-        row["inverse_beside"] = _inverse_beside(shape, dram_gbps if sms else platform.dram_gbps(device))
+    if recipe.inverse_beside:  # the recipe's own choice and reason (launch.concurrent_warp_blocks)
+        form = "per-warp" if recipe.prepare_meta["WARP_BLOCKS"] else "whole"
+        row["inverse_beside"] = f"{form} levels beside the output pass: {recipe.inverse_beside}"
     return row
-
-
-def _inverse_beside(shape: GdnShape, dram_gbps: float | None) -> str:
-    """Why the prepare pass beside the sequential pass takes its inverse's per-warp levels or not."""
-    least = launch.HOPPER_CONCURRENT_WARP_BLOCKS_GBPS
-    per_warp = launch.concurrent_warp_blocks(shape.heads, shape.value_heads, dram_gbps, least)
-    if shape.heads < shape.value_heads:
-        why = f"fewer qk heads ({shape.heads}) than value heads ({shape.value_heads})"
-    elif dram_gbps is None:
-        why = f"the GPU's DRAM bandwidth not known (--dram-gbps gives it; per-warp from {least:.0f} GB/s)"
-    else:
-        why = f"DRAM {dram_gbps:.0f} GB/s, {'at least' if per_warp else 'under'} {least:.0f}"
-    return f"{'per-warp' if per_warp else 'whole'} levels beside the output pass: {why}"
 
 
 def _describe(shape: GdnShape) -> str:

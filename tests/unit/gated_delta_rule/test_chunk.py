@@ -1013,8 +1013,8 @@ def test_gpu_passes_side_by_side_match_them_one_after_the_other(gpu_device: str,
             tables.setattr(platform, "sm_count", lambda device: 1)
         tables.setattr(launch, "HOPPER_PAIRS_FROM_V", False)  # the same kernels' bits: w and u from the prepare pass
         # and the inverse's levels as beside (per warp where the GPU's DRAM or the heads allow)
-        beside = launch.concurrent_warp_blocks(8, value_heads, platform.dram_gbps(torch.device(gpu_device)),
-                                               launch.HOPPER_CONCURRENT_WARP_BLOCKS_GBPS)
+        beside, _ = launch.concurrent_warp_blocks(8, value_heads, platform.dram_gbps(torch.device(gpu_device)),
+                                                  launch.HOPPER_CONCURRENT_WARP_BLOCKS_GBPS)
         tables.setattr(launch, "HOPPER_WARP_BLOCK_INVERSE", launch.HOPPER_WARP_BLOCK_INVERSE and beside)
         want = serial_at_64(launch, call)
     assert ran_side_by_side(launch)
