@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import ast
 import io
+import os
 import re
 import shutil
 import subprocess
@@ -63,11 +64,17 @@ def apply_patch(source: Path, patch: Path) -> None:
     """Applies ``patch``'s changes under ``src/`` (a ``git format-patch`` file of this repository) to the tree."""
     if not patch.is_file():
         raise TreeError(f"--patch {patch}: no such file")
-    done = subprocess.run(["git", "apply", "--include=src/*", "-p1", str(patch.resolve())], cwd=source.parent,
-                          capture_output=True, text=True, check=False)
+    # Inside a git work tree (a tree under build/), git apply would take the patch's paths as the enclosing
+    # repository's and skip those outside the tree's folder without failing: the tree is its own root here.
+    outside = {name: value for name, value in os.environ.items() if name not in ("GIT_DIR", "GIT_WORK_TREE")}
+    outside["GIT_CEILING_DIRECTORIES"] = str(source.parent.resolve().parent)
+    done = subprocess.run(["git", "apply", "--verbose", "--include=src/*", "-p1", str(patch.resolve())],
+                          cwd=source.parent, capture_output=True, text=True, check=False, env=outside)
     if done.returncode != 0:
         raise TreeError(f"--patch {patch} does not apply to this tree (apply it to its base, the table in "
                         f"docs/experiments/README.md): {done.stderr.strip()}")
+    if "Applied patch" not in done.stderr:
+        raise TreeError(f"--patch {patch} changes nothing under src/: {done.stderr.strip() or 'no files'}")
 
 
 _SETTING = re.compile(r"(?P<module>[A-Za-z_][\w.]*)\.(?P<name>[A-Z][A-Z0-9_]*)=(?P<value>.+)", re.S)

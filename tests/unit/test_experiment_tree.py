@@ -88,3 +88,20 @@ def test_a_patch_that_does_not_apply_or_a_folder_that_is_no_tree_is_refused(
         main([str(tmp_path / "other")])
     assert "is not an experiment tree" in capsys.readouterr().err
     assert (tmp_path / "other" / "keep.txt").read_text() == "mine"
+
+
+def test_a_tree_inside_a_git_work_tree_still_takes_the_patch(tmp_path: Path) -> None:
+    # git apply run inside another repository's work tree skips, without failing, paths it takes for outside.
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    patch = tmp_path / "experiment.patch"
+    patch.write_text(_PATCH)
+    tree = tmp_path / "build" / "tree"
+    make_tree(tree, None, [patch], [])
+    assert (tree / "src/polykernels/experiment_marker.py").read_text() == "MARKER = 1\n"
+
+
+def test_a_patch_with_nothing_under_src_is_refused(tmp_path: Path) -> None:
+    patch = tmp_path / "docs-only.patch"
+    patch.write_text(_PATCH.split("diff --git a/src", maxsplit=1)[0] + "--\n2.0\n")
+    with pytest.raises(TreeError, match="changes nothing under src/"):
+        make_tree(tmp_path / "tree", None, [patch], [])

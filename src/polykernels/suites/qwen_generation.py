@@ -1,11 +1,13 @@
 """Qwen generation: tiny random-weight Qwen3-Next and Qwen3.5 models generate and score text the
 same way with polykernels' gated delta rule as with each model's own pure-torch op.
 
-fp32: the greedy tokens must be identical and perplexity within 1%. bf16: perplexity within 1%,
-and the greedy tokens identical up to half of the generated tokens or up to a near-tie: a step
-where both runs saw the same prefix, their logits agree within TIE_TOLERANCE of the logits' range,
-and the two best tokens are closer than that (bf16 rounding can flip such a choice; a wrong
-kernel moves the logits far more). Nothing is downloaded: the configs are built here.
+fp32: the greedy tokens must be identical and perplexity within 1%. bf16: perplexity within 1%, or no
+farther from the fp32 reference's than the bf16 reference's is (the reference rounds in bf16 too, and
+its own error can pass 1%: 2.3% at the repeated-token text on an H100); and the greedy tokens
+identical up to half of the generated tokens or up to a near-tie: a step where both runs saw the same
+prefix, their logits agree within TIE_TOLERANCE of the logits' range, and the two best tokens are
+closer than that (bf16 rounding can flip such a choice; a wrong kernel moves the logits far more).
+Nothing is downloaded: the configs are built here.
 
 Also perplexity within 1% on a text of one repeated token (padding, a run of spaces) through the same
 model with its linear-attention heads decaying slowly (as many trained heads do; the default init
@@ -190,7 +192,8 @@ def run_precision(family: Family, device: torch.device, dtype: torch.dtype) -> l
     our_seconds = time.perf_counter() - start
 
     label = f"{family.name}-{str(dtype).removeprefix('torch.')}"
-    cases = [_perplexity_case(f"{label}-perplexity", "", our_ppl, ref_ppl)]
+    exact = None if dtype == torch.float32 else fp32_reference_perplexity(family.name, device, text)
+    cases = [_perplexity_case(f"{label}-perplexity", "", our_ppl, ref_ppl, exact)]
     for length, ours, ref in zip(lengths, our_tokens, ref_tokens, strict=True):
         diverged = _first_divergence(ours.tokens, ref.tokens)
         detail = f"first divergence {diverged if diverged is not None else 'none'} of {NEW_TOKENS}"
@@ -208,31 +211,55 @@ def run_precision(family: Family, device: torch.device, dtype: torch.dtype) -> l
             metrics={"ours": ours.tokens, "reference": ref.tokens, "seconds_ours": our_seconds,
                      "seconds_reference": ref_seconds},
         ))
-    cases.append(_repeated_token_case(build_model(device, dtype, family.name, slow_decay=True), label))
+    cases.append(_repeated_token_case(build_model(device, dtype, family.name, slow_decay=True), family.name,
+                                       label))
     return cases
 
 
-def _perplexity_case(name: str, what: str, ours: float, reference: float) -> CaseResult:
-    """Passes where our perplexity is within 1% of the reference's (``what`` opens the detail)."""
+@torch.no_grad()
+def fp32_reference_perplexity(family: str, device: torch.device, text: torch.Tensor, *,
+                              slow_decay: bool = False) -> float:
+    """The perplexity of ``text`` through the same model in fp32 with its own pure-torch op: what a bf16
+    run's perplexity is an estimate of."""
+    from polykernels.integrations.transformers import apply_to_qwen, reference_implementation
+
+    model = build_model(device, torch.float32, family, slow_decay=slow_decay)
+    with apply_to_qwen(model, implementation=reference_implementation(model.config.model_type)):
+        return math.exp(float(model(text, labels=text).loss))
+
+
+def _perplexity_case(name: str, what: str, ours: float, reference: float, exact: float | None = None) -> CaseResult:
+    """Passes where our perplexity is within 1% of the reference's, or (``exact``: the fp32 reference's, for
+    a bf16 run) no farther from ``exact`` than the reference's is. ``what`` opens the detail."""
     relative = abs(ours - reference) / reference
-    return CaseResult(name=name, passed=relative < 0.01,
-                      detail=f"{what}polykernels {ours:.4f} vs reference {reference:.4f} ({100 * relative:.3f}%)",
-                      metrics={"ours": ours, "reference": reference})
+    detail = f"{what}polykernels {ours:.4f} vs reference {reference:.4f} ({100 * relative:.3f}%)"
+    metrics = {"ours": ours, "reference": reference}
+    passed = relative < 0.01
+    if exact is not None:
+        ours_off, reference_off = abs(ours - exact) / exact, abs(reference - exact) / exact
+        detail += f"; from fp32's {exact:.4f}: ours {100 * ours_off:.3f}%, the reference {100 * reference_off:.3f}%"
+        metrics["fp32_reference"] = exact
+        passed = passed or ours_off <= reference_off
+    return CaseResult(name=name, passed=passed, detail=detail, metrics=metrics)
 
 
 @torch.no_grad()
-def _repeated_token_case(model: torch.nn.Module, label: str) -> CaseResult:
+def _repeated_token_case(model: torch.nn.Module, family: str, label: str) -> CaseResult:
     """The perplexity of one token repeated, through a model with slowly decaying heads (``build_model``'s
     ``slow_decay``): its chunks' keys point one way."""
     from polykernels.integrations.transformers import apply_to_qwen, reference_implementation
 
-    text = torch.full((1, TEXT_LENGTH), REPEATED_TOKEN, device=next(model.parameters()).device)
+    weight = next(model.parameters())
+    device = weight.device
+    text = torch.full((1, TEXT_LENGTH), REPEATED_TOKEN, device=device)
     with apply_to_qwen(model, implementation=reference_implementation(model.config.model_type)):
         ref_ppl = math.exp(float(model(text, labels=text).loss))
     with apply_to_qwen(model):
         our_ppl = math.exp(float(model(text, labels=text).loss))
+    exact = (None if weight.dtype == torch.float32
+             else fp32_reference_perplexity(family, device, text, slow_decay=True))
     return _perplexity_case(f"{label}-repeated-token-perplexity",
-                            f"slowly decaying heads, one token {TEXT_LENGTH} times: ", our_ppl, ref_ppl)
+                            f"slowly decaying heads, one token {TEXT_LENGTH} times: ", our_ppl, ref_ppl, exact)
 
 
 def run(device: torch.device) -> SuiteResult:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import importlib
+import math
 
 import pytest
 import torch
@@ -114,7 +115,7 @@ def test_repeated_token_text_through_the_triton_kernels(monkeypatch: pytest.Monk
     decays = [p.exp() for name, p in model.named_parameters() if name.endswith("A_log")]
     assert decays and all(((a >= SLOW_DECAY[0]) & (a <= SLOW_DECAY[1])).all() for a in decays)
     monkeypatch.setattr(chunk, "_path", lambda device_type: "triton")
-    case = _repeated_token_case(model, "qwen3_next-float32")
+    case = _repeated_token_case(model, "qwen3_next", "qwen3_next-float32")
     assert case.passed, case.detail
 
 
@@ -189,3 +190,32 @@ def test_bf16_divergence_is_forgiven_only_at_a_near_tie() -> None:
     sharp = _generation([0, 1], [[5.0, 1.0, -3.0], [1.0, 100.0, 96.0]])
     far = _generation([0, 2], [[5.0, 1.0, -3.0], [1.0, 97.5, 98.5]])
     assert near_tie(far, sharp, 1) == (False, pytest.approx(0.025))
+
+
+@pytest.mark.parametrize(("ours", "reference", "exact", "passed"), [
+    (101.5, 100.0, None, False),  # fp32: 1.5% off the reference fails
+    (100.5, 100.0, None, True),
+    (101.0, 102.5, 100.0, True),  # bf16, H100's repeated-token case: 1.5% off the reference, closer to fp32
+    (104.0, 102.5, 100.0, False),  # farther from fp32 than the reference and 1.5% off it
+    (97.0, 102.5, 100.0, False),  # as far the other way
+    (float("nan"), 100.0, 100.0, False),
+], ids=["fp32-off", "fp32-near", "bf16-closer-to-fp32", "bf16-farther", "bf16-farther-below", "nan"])
+def test_perplexity_rule(ours: float, reference: float, exact: float | None, passed: bool) -> None:
+    from polykernels.suites.qwen_generation import _perplexity_case
+
+    case = _perplexity_case("case", "", ours, reference, exact)
+    assert case.passed is passed, case.detail
+    assert ("from fp32's" in case.detail) is (exact is not None)
+
+
+@pytest.mark.cpu_only
+def test_the_fp32_reference_perplexity_is_the_fp32_models_own() -> None:
+    # The bf16 cases' yardstick: the same weights as the bf16 model's, in fp32, through the model's own op.
+    from polykernels.suites.qwen_generation import TEXT_LENGTH, build_model, fp32_reference_perplexity
+
+    text = torch.randint(3, 99, (1, TEXT_LENGTH), generator=torch.Generator().manual_seed(7))
+    exact = fp32_reference_perplexity("qwen3_next", torch.device("cpu"), text)
+    with torch.no_grad():
+        fp32, bf16 = (math.exp(float(build_model(torch.device("cpu"), dtype, "qwen3_next")(text, labels=text).loss))
+                      for dtype in (torch.float32, torch.bfloat16))
+    assert exact == pytest.approx(fp32, rel=1e-6) and exact != bf16
