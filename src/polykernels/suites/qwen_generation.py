@@ -9,7 +9,7 @@ prefix, their logits agree within TIE_TOLERANCE of the logits' range, and the tw
 closer than that (bf16 rounding can flip such a choice; a wrong kernel moves the logits far more).
 Nothing is downloaded: the configs are built here.
 
-Also perplexity within 1% on a text of one repeated token (padding, a run of spaces) through the same
+Also perplexity by the same rule on a text of one repeated token (padding, a run of spaces) through the same
 model with its linear-attention heads decaying slowly (as many trained heads do; the default init
 forgets within a few tokens): there a chunk's keys point one way, where an unstable (I + A)^-1 returned
 NaN (BENCHMARKS.md, "(I + A)^-1 by block doubling").
