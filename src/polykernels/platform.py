@@ -183,7 +183,8 @@ def _sm_count(device_index: int) -> int:
 
 def dram_gbps(device: Any) -> float | None:
     """The peak DRAM bandwidth of ``device`` in GB/s (memory clock x bus width, double data rate),
-    from Triton's driver; None off CUDA, where the plan then takes its choice for unknown GPUs."""
+    from Triton's driver; None on a CPU, without Triton, or where the driver lacks either figure (the plan
+    then takes its choice for unknown GPUs). ROCm devices are "cuda" devices to torch: HIP's figures count."""
     if device.type != "cuda" or not has_triton():
         return None
     import torch

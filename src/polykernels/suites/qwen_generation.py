@@ -171,7 +171,18 @@ def near_tie(ours: Generation, reference: Generation, step: int) -> tuple[bool, 
     return deviation <= TIE_TOLERANCE and margin <= TIE_TOLERANCE, deviation
 
 
-def run_precision(family: Family, device: torch.device, dtype: torch.dtype) -> list[CaseResult]:
+@dataclass(frozen=True)
+class Yardstick:
+    """The fp32 run's reference perplexities (the model's own op in fp32): what a bf16 run's are estimates of."""
+
+    text: float
+    repeated_token: float
+
+
+def run_precision(family: Family, device: torch.device, dtype: torch.dtype,
+                  fp32: Yardstick | None = None) -> tuple[list[CaseResult], Yardstick]:
+    """The cases of one precision, and the run's reference perplexities (an fp32 run's are the yardstick
+    its bf16 run takes as ``fp32``)."""
     from polykernels.integrations.transformers import apply_to_qwen, reference_implementation
 
     model = build_model(device, dtype, family.name)
@@ -192,8 +203,7 @@ def run_precision(family: Family, device: torch.device, dtype: torch.dtype) -> l
     our_seconds = time.perf_counter() - start
 
     label = f"{family.name}-{str(dtype).removeprefix('torch.')}"
-    exact = None if dtype == torch.float32 else fp32_reference_perplexity(family.name, device, text)
-    cases = [_perplexity_case(f"{label}-perplexity", "", our_ppl, ref_ppl, exact)]
+    cases = [_perplexity_case(f"{label}-perplexity", "", our_ppl, ref_ppl, fp32.text if fp32 else None)]
     for length, ours, ref in zip(lengths, our_tokens, ref_tokens, strict=True):
         diverged = _first_divergence(ours.tokens, ref.tokens)
         detail = f"first divergence {diverged if diverged is not None else 'none'} of {NEW_TOKENS}"
@@ -211,21 +221,10 @@ def run_precision(family: Family, device: torch.device, dtype: torch.dtype) -> l
             metrics={"ours": ours.tokens, "reference": ref.tokens, "seconds_ours": our_seconds,
                      "seconds_reference": ref_seconds},
         ))
-    cases.append(_repeated_token_case(build_model(device, dtype, family.name, slow_decay=True), family.name,
-                                       label))
-    return cases
-
-
-@torch.no_grad()
-def fp32_reference_perplexity(family: str, device: torch.device, text: torch.Tensor, *,
-                              slow_decay: bool = False) -> float:
-    """The perplexity of ``text`` through the same model in fp32 with its own pure-torch op: what a bf16
-    run's perplexity is an estimate of."""
-    from polykernels.integrations.transformers import apply_to_qwen, reference_implementation
-
-    model = build_model(device, torch.float32, family, slow_decay=slow_decay)
-    with apply_to_qwen(model, implementation=reference_implementation(model.config.model_type)):
-        return math.exp(float(model(text, labels=text).loss))
+    repeated = _repeated_token_case(build_model(device, dtype, family.name, slow_decay=True), label,
+                                    fp32.repeated_token if fp32 else None)
+    cases.append(repeated)
+    return cases, Yardstick(text=ref_ppl, repeated_token=repeated.metrics["reference"])
 
 
 def _perplexity_case(name: str, what: str, ours: float, reference: float, exact: float | None = None) -> CaseResult:
@@ -244,26 +243,24 @@ def _perplexity_case(name: str, what: str, ours: float, reference: float, exact:
 
 
 @torch.no_grad()
-def _repeated_token_case(model: torch.nn.Module, family: str, label: str) -> CaseResult:
+def _repeated_token_case(model: torch.nn.Module, label: str, exact: float | None = None) -> CaseResult:
     """The perplexity of one token repeated, through a model with slowly decaying heads (``build_model``'s
-    ``slow_decay``): its chunks' keys point one way."""
+    ``slow_decay``): its chunks' keys point one way. ``exact``: the fp32 reference's (``_perplexity_case``)."""
     from polykernels.integrations.transformers import apply_to_qwen, reference_implementation
 
-    weight = next(model.parameters())
-    device = weight.device
-    text = torch.full((1, TEXT_LENGTH), REPEATED_TOKEN, device=device)
+    text = torch.full((1, TEXT_LENGTH), REPEATED_TOKEN, device=next(model.parameters()).device)
     with apply_to_qwen(model, implementation=reference_implementation(model.config.model_type)):
         ref_ppl = math.exp(float(model(text, labels=text).loss))
     with apply_to_qwen(model):
         our_ppl = math.exp(float(model(text, labels=text).loss))
-    exact = (None if weight.dtype == torch.float32
-             else fp32_reference_perplexity(family, device, text, slow_decay=True))
     return _perplexity_case(f"{label}-repeated-token-perplexity",
                             f"slowly decaying heads, one token {TEXT_LENGTH} times: ", our_ppl, ref_ppl, exact)
 
 
 def run(device: torch.device) -> SuiteResult:
     start = time.perf_counter()
-    cases = [case for family in FAMILIES for dtype in (torch.float32, torch.bfloat16)
-             for case in run_precision(family, device, dtype)]
+    cases: list[CaseResult] = []
+    for family in FAMILIES:
+        fp32_cases, yardstick = run_precision(family, device, torch.float32)
+        cases += fp32_cases + run_precision(family, device, torch.bfloat16, yardstick)[0]
     return SuiteResult.from_cases(NAME, cases, time.perf_counter() - start)

@@ -115,7 +115,7 @@ def test_repeated_token_text_through_the_triton_kernels(monkeypatch: pytest.Monk
     decays = [p.exp() for name, p in model.named_parameters() if name.endswith("A_log")]
     assert decays and all(((a >= SLOW_DECAY[0]) & (a <= SLOW_DECAY[1])).all() for a in decays)
     monkeypatch.setattr(chunk, "_path", lambda device_type: "triton")
-    case = _repeated_token_case(model, "qwen3_next", "qwen3_next-float32")
+    case = _repeated_token_case(model, "qwen3_next-float32")
     assert case.passed, case.detail
 
 
@@ -209,13 +209,19 @@ def test_perplexity_rule(ours: float, reference: float, exact: float | None, pas
 
 
 @pytest.mark.cpu_only
-def test_the_fp32_reference_perplexity_is_the_fp32_models_own() -> None:
-    # The bf16 cases' yardstick: the same weights as the bf16 model's, in fp32, through the model's own op.
-    from polykernels.suites.qwen_generation import TEXT_LENGTH, build_model, fp32_reference_perplexity
+def test_the_fp32_runs_yardstick_is_the_fp32_models_own_perplexity() -> None:
+    # The bf16 cases' yardstick: the fp32 run's reference perplexities, the same weights as the bf16 model's in
+    # fp32 through the model's own op (on the CPU the model's op is that op).
+    from polykernels.suites.qwen_generation import FAMILIES, REPEATED_TOKEN, TEXT_LENGTH, build_model, run_precision
 
+    cpu = torch.device("cpu")
+    _, yardstick = run_precision(FAMILIES[0], cpu, torch.float32)
     text = torch.randint(3, 99, (1, TEXT_LENGTH), generator=torch.Generator().manual_seed(7))
-    exact = fp32_reference_perplexity("qwen3_next", torch.device("cpu"), text)
+    repeated = torch.full((1, TEXT_LENGTH), REPEATED_TOKEN)
     with torch.no_grad():
-        fp32, bf16 = (math.exp(float(build_model(torch.device("cpu"), dtype, "qwen3_next")(text, labels=text).loss))
+        fp32, bf16 = (math.exp(float(build_model(cpu, dtype, "qwen3_next")(text, labels=text).loss))
                       for dtype in (torch.float32, torch.bfloat16))
-    assert exact == pytest.approx(fp32, rel=1e-6) and exact != bf16
+        slow = math.exp(float(build_model(cpu, torch.float32, "qwen3_next", slow_decay=True)(
+            repeated, labels=repeated).loss))
+    assert yardstick.text == pytest.approx(fp32, rel=1e-6) and yardstick.text != bf16
+    assert yardstick.repeated_token == pytest.approx(slow, rel=1e-6)
