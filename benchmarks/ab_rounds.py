@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.registry import GDN_GATES
+
 REPOSITORY = Path(__file__).resolve().parents[1]
 GPU_MS = " GPU ms"
 KERNEL_US = " us"  # gdn_ab's torch.profiler columns: "<shape> <kernel> us"
@@ -146,12 +148,14 @@ def other_trees(entries: Sequence[str]) -> list[tuple[str, str]]:
     return trees
 
 
-def run_tree(label: str, source: Path, outputs: Path, save: bool, cases: Sequence[str]) -> dict:
+def run_tree(label: str, source: Path, outputs: Path, save: bool, cases: Sequence[str],
+             gates: str | None = None) -> dict:
     """One ``benchmarks.gdn_ab`` run of the tree whose package is under ``source``, in its own process
     (the benchmarks themselves come from this repository)."""
     path = os.pathsep.join(filter(None, [str(source), str(REPOSITORY), os.environ.get("PYTHONPATH")]))
     command = [sys.executable, "-m", "benchmarks.gdn_ab", label, "--save" if save else "--compare", str(outputs)]
     command += [argument for case in cases for argument in ("--case", case)]
+    command += ["--gates", gates] if gates else []
     done = subprocess.run(command, check=False, env={**os.environ, "PYTHONPATH": path}, cwd=REPOSITORY,
                           capture_output=True, text=True)
     rows = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -169,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="rounds of every tree, base first (default 2)")
     parser.add_argument("--case", action="append", default=[], help="only the shapes whose name contains this text")
     parser.add_argument("--out", type=Path, default=REPOSITORY / "build" / "ab")
+    parser.add_argument("--gates", choices=GDN_GATES, help="the gates' family in every run (benchmarks.registry."
+                        "GDN_GATES; default: the bench's)")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
@@ -186,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         for round_number in range(1, args.rounds + 1):
             for tree, source in trees:
                 save = tree == "base" and round_number == 1
-                row = run_tree(f"{tree}-{round_number}", source, args.out / "outputs", save, args.case)
+                row = run_tree(f"{tree}-{round_number}", source, args.out / "outputs", save, args.case, args.gates)
                 rows.append(row)
                 raw.write(json.dumps(row) + "\n")
                 raw.flush()

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.registry import GDN_GATES
+
 
 def largest_difference(got: torch.Tensor, saved: torch.Tensor) -> float:
     """max |got - saved| (NaN where exactly one of them is NaN counts as infinite)."""
@@ -44,18 +46,18 @@ def kernel_us(call: object, repeats: int = 5) -> dict[str, float]:
             if event.key.startswith("gdn_")}
 
 
-def run(label: str, folder: Path, save: bool, cases: list[str] | None) -> dict:
+def run(label: str, folder: Path, save: bool, cases: list[str] | None, gates: str | None = None) -> dict:
     from benchmarks.registry import GDN_SHAPES, gdn_inputs
     from benchmarks.timing import graph_ms, median_ms
     from polykernels.gated_delta_rule import chunk_gated_delta_rule
 
-    row: dict = {"label": label, "device": torch.cuda.get_device_name()}
+    row: dict = {"label": label, "device": torch.cuda.get_device_name(), "gates": gates or "the bench's"}
     started = time.perf_counter()
     folder.mkdir(parents=True, exist_ok=True)
     for name, batch, tokens, heads, value_heads, lengths in GDN_SHAPES:
         if cases and not any(text in name for text in cases):
             continue
-        q, k, v, g, beta = gdn_inputs(batch, tokens, heads, value_heads, "cuda")
+        q, k, v, g, beta = gdn_inputs(batch, tokens, heads, value_heads, "cuda", gates=gates)
         cu = None if lengths is None else torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()],
                                                        dtype=torch.int32, device="cuda")
 
@@ -64,7 +66,7 @@ def run(label: str, folder: Path, save: bool, cases: list[str] | None) -> dict:
 
         o, state = call()
         torch.cuda.synchronize()
-        path = folder / (name.replace(" ", "_").replace("/", "-") + ".pt")
+        path = folder / (name.replace(" ", "_").replace("/", "-") + (f"-{gates}" if gates else "") + ".pt")
         if save:
             torch.save((o.cpu(), state.cpu()), path)
         else:
@@ -87,8 +89,11 @@ def main(argv: list[str] | None = None) -> None:
     where.add_argument("--save", type=Path, metavar="DIR", help="keep this tree's outputs here (the base run)")
     where.add_argument("--compare", type=Path, metavar="DIR", help="compare with the outputs saved here")
     parser.add_argument("--case", action="append", help="only the shapes whose name contains this text")
+    parser.add_argument("--gates", choices=GDN_GATES, help="the gates' family (benchmarks.registry.GDN_GATES; "
+                        "default: the bench's)")
     args = parser.parse_args(argv)
-    print(json.dumps(run(args.label, args.save or args.compare, args.save is not None, args.case)), flush=True)
+    print(json.dumps(run(args.label, args.save or args.compare, args.save is not None, args.case, args.gates)),
+          flush=True)
 
 
 if __name__ == "__main__":

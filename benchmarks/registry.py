@@ -169,12 +169,21 @@ GDN_SHAPES: list[tuple[str, int, int, int, int, list[int] | None]] = [
 # (about -0.02 per token, as many trained heads): within a chunk A's powers reach 1e4-1e17 there, which is
 # what an unstable (I + A)^-1 gets wrong.
 GDN_KEYS = ("random", "aligned", "repeated")
+# gdn_inputs' gate families, for timing what depends on how fast the gates forget (a segment's past,
+# launch.SEGMENT_WINDOWS): "fast", the bench's (about -0.8 per token); "slow" (about -0.02 per token, as many
+# trained heads); "mixed", the fast ones but on a quarter of the value heads (at least one) g = 0, heads that
+# never forget. The default is the key family's: fast for random keys, slow for the others.
+GDN_GATES = ("fast", "slow", "mixed")
 
 
 def gdn_inputs(batch: int, tokens: int, heads: int, value_heads: int, device: str, dim: int = 128,
-               keys: str = "random") -> tuple:
+               keys: str = "random", gates: str | None = None) -> tuple:
     if keys not in GDN_KEYS:
         raise ValueError(f"keys must be one of {GDN_KEYS}, got {keys!r}")
+    if gates is None:
+        gates = "fast" if keys == "random" else "slow"
+    if gates not in GDN_GATES:
+        raise ValueError(f"gates must be one of {GDN_GATES}, got {gates!r}")
     gen = torch.Generator(device=device).manual_seed(0)
     q = torch.randn(batch, tokens, heads, dim, device=device, dtype=torch.bfloat16, generator=gen)
     k = torch.randn(batch, tokens, heads, dim, device=device, generator=gen)
@@ -184,7 +193,9 @@ def gdn_inputs(batch: int, tokens: int, heads: int, value_heads: int, device: st
     k = torch.nn.functional.normalize(k, dim=-1)
     v = torch.randn(batch, tokens, value_heads, dim, device=device, dtype=torch.bfloat16, generator=gen)
     g = torch.nn.functional.logsigmoid(torch.randn(batch, tokens, value_heads, device=device, generator=gen)
-                                       + (0.0 if keys == "random" else 4.0))
+                                       + (4.0 if gates == "slow" else 0.0))
+    if gates == "mixed":
+        g[:, :, :max(1, value_heads // 4)] = 0.0
     beta = torch.rand(batch, tokens, value_heads, device=device, generator=gen).sigmoid().bfloat16()
     return q, k.bfloat16(), v, g, beta
 

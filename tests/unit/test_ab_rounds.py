@@ -58,6 +58,23 @@ def test_a_tree_whose_run_fails_is_reported_with_its_error(tmp_path) -> None:
         run_tree("base-1", REPOSITORY / "src", tmp_path / "outputs", True, ["T32768"])
 
 
+def test_each_run_times_the_gates_asked_for(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    from benchmarks.ab_rounds import REPOSITORY, run_tree
+
+    commands = []
+
+    def record(command, **kwargs):
+        commands.append(command)
+        return subprocess.CompletedProcess(command, 0, stdout='{"label": "base-1"}\n', stderr="")
+
+    monkeypatch.setattr(subprocess, "run", record)
+    run_tree("base-1", REPOSITORY / "src", tmp_path, True, ["T32768"], "mixed")
+    run_tree("base-2", REPOSITORY / "src", tmp_path, False, [])
+    assert commands[0][-2:] == ["--gates", "mixed"] and "--gates" not in commands[1]
+
+
 def test_a_folder_holding_a_tree_is_the_base_as_it_is(tmp_path) -> None:
     from benchmarks.ab_rounds import base_source
 

@@ -23,3 +23,9 @@ def test_a_run_either_saves_or_compares(capsys: pytest.CaptureFixture[str]) -> N
     with pytest.raises(SystemExit):
         main(["base"])
     assert "one of the arguments --save --compare is required" in capsys.readouterr().err
+
+
+def test_an_unknown_gate_family_is_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["base", "--save", "out", "--gates", "none"])
+    assert "argument --gates: invalid choice: 'none'" in capsys.readouterr().err

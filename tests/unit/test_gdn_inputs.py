@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from benchmarks.registry import GDN_KEYS, gdn_inputs
+from benchmarks.registry import GDN_GATES, GDN_KEYS, gdn_inputs
 
 
 def _cosines(k: torch.Tensor) -> torch.Tensor:
@@ -36,3 +36,19 @@ def test_the_key_families_point_one_way_under_slow_gates() -> None:
 def test_an_unknown_key_family_is_refused() -> None:
     with pytest.raises(ValueError, match=r"keys must be one of \('random', 'aligned', 'repeated'\), got 'same'"):
         gdn_inputs(1, 64, 1, 1, "cpu", keys="same")
+
+
+def test_the_gate_families_forget_fast_slowly_or_never() -> None:
+    fast, slow, mixed = (gdn_inputs(1, 4096, 2, 8, "cpu", gates=gates)[3] for gates in GDN_GATES)
+    assert torch.equal(fast, gdn_inputs(1, 4096, 2, 8, "cpu")[3])  # the bench's
+    assert fast.mean() < -0.5 and -0.1 < slow.mean() < 0.0
+    assert torch.equal(mixed[:, :, :2], torch.zeros_like(mixed[:, :, :2]))  # a quarter of the value heads
+    assert torch.equal(mixed[:, :, 2:], fast[:, :, 2:])
+    assert torch.equal(gdn_inputs(1, 64, 1, 1, "cpu", gates="mixed")[3], torch.zeros(1, 64, 1))  # at least one
+    assert torch.equal(gdn_inputs(1, 64, 1, 2, "cpu", keys="aligned")[3],
+                       gdn_inputs(1, 64, 1, 2, "cpu", keys="aligned", gates="slow")[3])
+
+
+def test_an_unknown_gate_family_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"gates must be one of \('fast', 'slow', 'mixed'\), got 'none'"):
+        gdn_inputs(1, 64, 1, 1, "cpu", gates="none")
