@@ -242,9 +242,17 @@ GLUON_TRITON_RELEASES = ("3.6",)
 def hopper_pass(seen: platform.Platform, dtype: torch.dtype, key_dim: int) -> bool:
     """The sequential passes run hopper_kernels' Gluon kernel: sm_90 (wgmma), 16-bit inputs (fp32
     keeps the Triton pass's IEEE products), K of 64 or 128 (wgmma's 64-row products take the
-    state's K rows whole), and a Triton release of GLUON_TRITON_RELEASES."""
+    state's K rows whole), a Triton release of GLUON_TRITON_RELEASES, and the Gluon passes not turned
+    off (gluon_allowed)."""
     return (seen.arch == "sm_90" and dtype in (torch.bfloat16, torch.float16) and key_dim in (64, 128)
-            and _triton_release() in GLUON_TRITON_RELEASES)
+            and _triton_release() in GLUON_TRITON_RELEASES and gluon_allowed())
+
+
+def gluon_allowed() -> bool:
+    """POLYKERNELS_GDN_GLUON=0: the Triton passes on sm_90 too, the ones every other target runs (to time
+    them on a GPU at hand, or to step around a Gluon pass). Read per call: launch_tables passes it into
+    the recipe's cache key."""
+    return os.environ.get("POLYKERNELS_GDN_GLUON", "1") != "0"
 
 
 @functools.cache
@@ -622,7 +630,7 @@ def launch_tables(block_k: int, arch: str | None) -> tuple:
             tuple(HOPPER_REGISTER_PAIRS.items()), tuple(HOPPER_CONCURRENT.items()), tuple(COMBINE_LAUNCH.items()),
             tuple(HOPPER_REGISTER_CUT.items()), tuple(HOPPER_REGISTER_SEGMENT_STAGES.items()), HOPPER_PAIRS_FROM_V,
             tuple(HOPPER_LEAD_SEGMENT.items()), tuple(HOPPER_LEAD_BESIDE_PREPARE.items()), HOPPER_WARP_BLOCK_INVERSE,
-            HOPPER_CONCURRENT_WARP_BLOCKS_GBPS)
+            HOPPER_CONCURRENT_WARP_BLOCKS_GBPS, gluon_allowed())
 
 
 def concurrent_warp_blocks(heads: int, value_heads: int, dram_gbps: float | None,
@@ -719,10 +727,12 @@ def _recipe(
     hopper_register_segment_stages: tuple[tuple[int, int], ...], pairs_from_v: bool = False,
     lead_segment: tuple[tuple[int, int], ...] = (),
     lead_beside_prepare: tuple[tuple[int, LeadRates], ...] = (), warp_block_inverse: bool = False,
-    concurrent_warp_blocks_gbps: float = math.inf, *, sms: int | None = None, dram_gbps: float | None = None,
+    concurrent_warp_blocks_gbps: float = math.inf, gluon: bool = True, *, sms: int | None = None,
+    dram_gbps: float | None = None,
 ) -> _Recipe:
     """``sms`` and ``dram_gbps``: the SM count and peak DRAM bandwidth (GB/s) to plan for, where not the
-    device's (plan_report's preview of a target; ``dram_gbps`` None there: not known)."""
+    device's (plan_report's preview of a target; ``dram_gbps`` None there: not known). ``gluon``:
+    gluon_allowed(), which hopper_pass reads (here for the cache key)."""
     batch, tokens, heads, key_dim = q_shape
     value_heads, value_dim = v_shape[2], v_shape[3]
     varlen, total = cu_dtype is not None, batch * tokens
@@ -834,7 +844,7 @@ def _recipe(
               device, seen, block_vs, launch, prepare_launch, hopper_stages, hopper_prepare, hopper_register_stages,
               hopper_register_pairs, hopper_concurrent, combine_launch, hopper_register_cut,
               hopper_register_segment_stages, pairs_from_v, lead_segment, lead_beside_prepare,
-              warp_block_inverse, concurrent_warp_blocks_gbps),
+              warp_block_inverse, concurrent_warp_blocks_gbps, gluon),
         chunks_per_seq=chunks_per_seq, segment_chunks=segment_chunks,
         segments_per_seq=segments_per_seq, max_segments=max_segments, segment_tokens=segment_tokens,
         prepare_grid=(max_chunks, value_heads),

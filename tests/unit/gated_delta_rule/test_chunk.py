@@ -622,6 +622,23 @@ def test_gluon_pass_only_where_it_was_built_and_measured(monkeypatch: pytest.Mon
     assert launch.hopper_pass(seen, dtype, key_dim) is expected
 
 
+def test_gluon_passes_off_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    # POLYKERNELS_GDN_GLUON=0: the Triton passes on sm_90 too, for calls whose recipes were made before as well.
+    from polykernels.gated_delta_rule import launch
+    from polykernels.platform import Platform
+
+    monkeypatch.setattr(launch, "_triton_release", lambda: "3.6")
+    seen = Platform(backend="cuda", arch="sm_90", device_name=None, warp_size=32, runtime_version=None)
+    gluon = _sm90_recipe(monkeypatch, 1, 32768, 2, 8, None)
+    assert launch.hopper_pass(seen, torch.bfloat16, 128) and gluon.hopper and gluon.hopper_prepare
+    monkeypatch.setenv("POLYKERNELS_GDN_GLUON", "0")
+    triton_only = _sm90_recipe(monkeypatch, 1, 32768, 2, 8, None)
+    assert not launch.hopper_pass(seen, torch.bfloat16, 128)
+    assert not (triton_only.hopper or triton_only.hopper_prepare or triton_only.lead or triton_only.concurrent)
+    monkeypatch.setenv("POLYKERNELS_GDN_GLUON", "1")
+    assert _sm90_recipe(monkeypatch, 1, 32768, 2, 8, None) is gluon
+
+
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_torch_chunked_matches_naive(case: str, dtype: torch.dtype) -> None:
