@@ -22,8 +22,7 @@ import math
 import torch
 
 from benchmarks.registry import GDN_GATES, GDN_SHAPES, gdn_inputs
-
-CHUNK = 64
+from polykernels.gated_delta_rule.launch import CHUNK, plan_segments
 
 
 def chunk_log2_bounds(k: torch.Tensor, g: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
@@ -76,8 +75,6 @@ def windowed_difference(inputs: tuple, segments: int, max_chunks: int, log2_boun
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    from polykernels.gated_delta_rule.launch import plan_segments
-
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gate_windows", description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-chunks", type=int, default=32, help="the longest window (default 32)")
     parser.add_argument("--log2-bound", type=float, default=-30.0, help="the bound, log2 (default -30)")

@@ -244,14 +244,19 @@ def hopper_pass(seen: platform.Platform, dtype: torch.dtype, key_dim: int) -> bo
     keeps the Triton pass's IEEE products), K of 64 or 128 (wgmma's 64-row products take the
     state's K rows whole), a Triton release of GLUON_TRITON_RELEASES, and the Gluon passes not turned
     off (gluon_allowed)."""
+    return _gluon_built_for(seen, dtype, key_dim) and gluon_allowed()
+
+
+def _gluon_built_for(seen: platform.Platform, dtype: torch.dtype, key_dim: int) -> bool:
+    """hopper_pass without the switch (which _recipe takes as an argument, its cache key)."""
     return (seen.arch == "sm_90" and dtype in (torch.bfloat16, torch.float16) and key_dim in (64, 128)
-            and _triton_release() in GLUON_TRITON_RELEASES and gluon_allowed())
+            and _triton_release() in GLUON_TRITON_RELEASES)
 
 
 def gluon_allowed() -> bool:
     """POLYKERNELS_GDN_GLUON=0: the Triton passes on sm_90 too, the ones every other target runs (to time
     them on a GPU at hand, or to step around a Gluon pass). Read per call: launch_tables passes it into
-    the recipe's cache key."""
+    the recipe, as part of its cache key."""
     return os.environ.get("POLYKERNELS_GDN_GLUON", "1") != "0"
 
 
@@ -732,11 +737,11 @@ def _recipe(
 ) -> _Recipe:
     """``sms`` and ``dram_gbps``: the SM count and peak DRAM bandwidth (GB/s) to plan for, where not the
     device's (plan_report's preview of a target; ``dram_gbps`` None there: not known). ``gluon``:
-    gluon_allowed(), which hopper_pass reads (here for the cache key)."""
+    gluon_allowed() as launch_tables read it: the recipe depends on its arguments only."""
     batch, tokens, heads, key_dim = q_shape
     value_heads, value_dim = v_shape[2], v_shape[3]
     varlen, total = cu_dtype is not None, batch * tokens
-    on_hopper = hopper_pass(seen, dtype, key_dim)
+    on_hopper = gluon and _gluon_built_for(seen, dtype, key_dim)
     caps = dict(hopper_prepare)
     gluon_prepare = key_dim in caps and on_hopper
     form = dict(hopper_concurrent).get(key_dim)  # (tiles per program, stages) beside the prepare pass
