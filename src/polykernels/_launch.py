@@ -158,12 +158,26 @@ class Launcher:
                 meta = fewer
 
     def _constexpr_tail(self, num_args: int, meta: Mapping[str, object]) -> tuple:
-        """The constexpr values in signature order: the compiled launcher takes every argument."""
-        names = self.kernel.arg_names
-        positions = sorted(self.kernel.constexprs)
-        if positions and positions[0] < num_args:
-            raise RuntimeError(f"{self.kernel.fn.__name__}: constexpr parameters must come after the runtime ones")
-        return tuple(meta[names[i]] for i in positions)
+        """The constexpr values in signature order: the compiled launcher takes every argument, those
+        the launch leaves out at their defaults, as the warm-up that compiled it took them."""
+        return constexpr_values(self.kernel, num_args, meta)
+
+
+def constexpr_values(kernel: Any, num_args: int, meta: Mapping[str, object]) -> tuple:
+    """``kernel``'s constexpr values in signature order, from ``meta`` or else the parameter's default."""
+    positions = sorted(kernel.constexprs)
+    if positions and positions[0] < num_args:
+        raise RuntimeError(f"{kernel.fn.__name__}: constexpr parameters must come after the runtime ones")
+    values = []
+    for position in positions:
+        parameter = kernel.params[position]
+        if parameter.name in meta:
+            values.append(meta[parameter.name])
+        elif parameter.has_default:
+            values.append(parameter.default)
+        else:
+            raise TypeError(f"{kernel.fn.__name__}: constexpr {parameter.name!r} was not given and has no default")
+    return tuple(values)
 
 
 @dataclass(frozen=True)

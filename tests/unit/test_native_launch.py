@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from polykernels import _extension, _launch, _manifest
-from polykernels._launch import Launcher, parameter_kinds
+from polykernels._launch import Launcher, constexpr_values, parameter_kinds
 
 
 @pytest.fixture
@@ -112,6 +112,39 @@ def _axpy(launcher: Launcher, x: torch.Tensor, y: torch.Tensor, out: torch.Tenso
     n = x.numel()
     launcher((triton.cdiv(n, 256),), (x, y, out, n, _BIG + 3, alpha, 1),
              {"BLOCK": 256, "BIG": _BIG, "num_warps": 4}, spec_key=("axpy", n))
+
+
+@triton.jit
+def _shift_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, SHIFT: tl.constexpr = 2.0, TWICE: tl.constexpr = False):
+    """out = x + SHIFT (twice with TWICE): constexprs a launch may leave at their defaults."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < n
+    x = tl.load(x_ptr + i, mask=mask)
+    tl.store(out_ptr + i, x + SHIFT * (2.0 if TWICE else 1.0), mask=mask)
+
+
+def test_constexprs_left_out_take_their_defaults() -> None:
+    # Triton's interpreter (the CPU tests) wraps the function without its signature: the compiler's view of it.
+    kernel = _shift_kernel if hasattr(_shift_kernel, "constexprs") else triton.runtime.jit.JITFunction(_shift_kernel.fn)
+    assert constexpr_values(kernel, 3, {"BLOCK": 64}) == (64, 2.0, False)
+    assert constexpr_values(kernel, 3, {"BLOCK": 64, "TWICE": True, "num_warps": 4}) == (64, 2.0, True)
+    with pytest.raises(TypeError, match="'BLOCK' was not given and has no default"):
+        constexpr_values(kernel, 3, {"SHIFT": 1.0})
+
+
+@pytest.mark.gpu
+def test_gpu_a_native_launch_passes_the_defaults_its_warm_up_compiled(gpu_device: str) -> None:
+    x = torch.randn(1000, device="cuda")
+    launcher = Launcher(_shift_kernel)
+    outputs = []
+    for twice in (False, True):
+        for _ in range(2):  # Triton's launch compiles, then the direct launch
+            out = torch.empty_like(x)
+            meta = {"BLOCK": 256, "num_warps": 4, **({"TWICE": True} if twice else {})}
+            launcher((4,), (x, out, 1000), meta, spec_key=("shift", twice))
+            outputs.append(out)
+    for out, shift in zip(outputs, (2.0, 2.0, 4.0, 4.0), strict=True):
+        torch.testing.assert_close(out, x + shift, rtol=0, atol=0)
 
 
 @pytest.mark.gpu
