@@ -205,7 +205,7 @@ def _norm_gpu_pieces() -> dict[str, float]:
     args = (x, y, x, shift, scale, y, y, *plan.ints, 1e-6)
     compiled = launcher._kernels[_launch._spec_entry(torch.cuda.current_device(), plan.spec)]
     native = _launch.native_direct_launch(compiled, len(args))
-    direct = _launch.triton_direct_launch(compiled, launcher._constexpr_tail(len(args), plan.meta))
+    direct = _launch.triton_direct_launch(compiled, _launch.constexpr_values(launcher.kernel, len(args), plan.meta))
     addresses = tuple(arg.data_ptr() if isinstance(arg, torch.Tensor) else arg for arg in args)
     grid, stream = (*plan.grid, 1, 1), torch.cuda.current_stream().cuda_stream
     pieces = {

@@ -125,7 +125,7 @@ class Launcher:
     def _keep(self, key: tuple, compiled: Any, args: Sequence[object], meta: Mapping[str, object]) -> None:
         """The direct launch of a kernel Triton has just compiled (and loaded), for later calls of ``key``."""
         if _is_compiled(compiled):
-            self._compiled[key] = _direct_launch(compiled, len(args), self._constexpr_tail(len(args), meta))
+            self._compiled[key] = _direct_launch(compiled, len(args), constexpr_values(self.kernel, len(args), meta))
             self._kernels[key] = compiled
 
     def cached(self, spec_key: Hashable) -> Callable[..., None] | None:
@@ -157,14 +157,10 @@ class Launcher:
                     raise
                 meta = fewer
 
-    def _constexpr_tail(self, num_args: int, meta: Mapping[str, object]) -> tuple:
-        """The constexpr values in signature order: the compiled launcher takes every argument, those
-        the launch leaves out at their defaults, as the warm-up that compiled it took them."""
-        return constexpr_values(self.kernel, num_args, meta)
-
 
 def constexpr_values(kernel: Any, num_args: int, meta: Mapping[str, object]) -> tuple:
-    """``kernel``'s constexpr values in signature order, from ``meta`` or else the parameter's default."""
+    """``kernel``'s constexpr values in signature order, as the compiled launcher takes them: from ``meta``,
+    or else the parameter's default, as the warm-up that compiled the kernel took it."""
     positions = sorted(kernel.constexprs)
     if positions and positions[0] < num_args:
         raise RuntimeError(f"{kernel.fn.__name__}: constexpr parameters must come after the runtime ones")

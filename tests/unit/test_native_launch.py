@@ -143,6 +143,7 @@ def test_gpu_a_native_launch_passes_the_defaults_its_warm_up_compiled(gpu_device
             meta = {"BLOCK": 256, "num_warps": 4, **({"TWICE": True} if twice else {})}
             launcher((4,), (x, out, 1000), meta, spec_key=("shift", twice))
             outputs.append(out)
+        assert launcher.cached(("shift", twice)) is not None  # the second call took the direct launch
     for out, shift in zip(outputs, (2.0, 2.0, 4.0, 4.0), strict=True):
         torch.testing.assert_close(out, x + shift, rtol=0, atol=0)
 
