@@ -128,7 +128,7 @@ def gdn_prepare_hopper_kernel(
     H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
     BV: gl.constexpr, NV: gl.constexpr, L2NORM: gl.constexpr, VARLEN: gl.constexpr, LOG_N: gl.constexpr,
     DOT_PRECISION: gl.constexpr, INVERSE_PRECISION: gl.constexpr, CONCURRENT: gl.constexpr,
-    STORE_T: gl.constexpr = False, WARP_BLOCKS: gl.constexpr = False,
+    STORE_T: gl.constexpr = False, WARP_BLOCKS: gl.constexpr = False, GROWTH: gl.constexpr = False,
 ):
     gl.static_assert(K == BK, "the Hopper prepare pass takes whole K rows (K a power of two)")
     gl.static_assert(INVERSE_PRECISION == "bf16", "the Hopper prepare pass rounds the inverse's operands to bf16")
@@ -138,7 +138,7 @@ def gdn_prepare_hopper_kernel(
     if length > 0:
         _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr,
                        chunk_start, length.to(gl.int32), i_h, i_hv, scale, H, HV, K, V, BT, BK, BV, NV, L2NORM,
-                       STORE_T, WARP_BLOCKS)
+                       STORE_T, WARP_BLOCKS, GROWTH)
     if CONCURRENT:  # the sequential pass runs beside this one and waits for this chunk (ready_flags)
         raise_flag(FLAGS + i_c * HV + i_hv)
         programs = gl.num_programs(0) * gl.num_programs(1)
@@ -149,7 +149,7 @@ def gdn_prepare_hopper_kernel(
 def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr,
                    chunk_start, length, i_h, i_hv, scale, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
                    V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr, NV: gl.constexpr,
-                   L2NORM: gl.constexpr, STORE_T: gl.constexpr, WARP_BLOCKS: gl.constexpr):
+                   L2NORM: gl.constexpr, STORE_T: gl.constexpr, WARP_BLOCKS: gl.constexpr, GROWTH: gl.constexpr):
     dtype: gl.constexpr = K_ptr.dtype.element_ty
     square: gl.constexpr = _mma_layout(BT)  # BT x BT products
     wide: gl.constexpr = _mma_layout(BK)  # BT x K products (w)
@@ -223,6 +223,9 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
         scores = gl.where((c < first_bad)[None, :], scores, 0.0)
     keep_r, keep_c = r < first_bad, c < first_bad
     rk = _inverse_row_norm(kk, r, c, L2NORM)
+    if GROWTH:  # log2 of the chunk's bound on its transition's growth beyond its decay (launch.SEGMENT_WINDOWS)
+        squared = 1.0 - 1e-6 * rk * rk if L2NORM else norms  # ||k_t||^2 as the products see k
+        growth = gl.sum(gl.where(keep_r, gl.log2(gl.maximum(gl.abs(1.0 - b_r * squared), 1.0)), 0.0), axis=0)
     # gamma_rc = exp(gc_r - gc_c) and each product's row and column scales meet in one exponent per
     # element, the scales as base-2 logarithms: A_rc = kk_rc 2^(a_r - b_c), scores_rc = qk_rc 2^(s_r - b_c).
     # A row past the valid ones has a = -inf (beta 0), a column past them b = +inf: 2^-inf = 0. One FADD,
@@ -319,3 +322,5 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
     gl.store(QS_ptr + row_of + r * HV, gl.where(keep, scale * rq * gl.exp(gc), _NAN), mask=in_chunk)
     gl.store(KS_ptr + row_of + r * HV, gl.where(keep, rk * gl.exp(gate_last - gc), 0.0), mask=in_chunk)
     gl.store(DECAY_ptr + row_of, gl.where(first_bad_v < BT, _NAN, gl.exp(gate_last)))
+    if GROWTH:  # in the chunk's second row, which no pass reads a decay from
+        gl.store(DECAY_ptr + row_of + HV, growth, mask=length > 1)

@@ -84,7 +84,13 @@ from polykernels.gated_delta_rule.hopper_kernels import (
 )
 
 # Scalar arithmetic only (no layouts), so the Triton helper serves Gluon kernels too.
-from polykernels.gated_delta_rule.kernels import _bad_rows, _first_slot, _segment
+from polykernels.gated_delta_rule.kernels import (
+    WINDOW_CHUNKS,
+    WINDOW_LOG2_BOUND,
+    _bad_rows,
+    _first_slot,
+    _segment,
+)
 from polykernels.gated_delta_rule.ready_flags import await_flag, count_done, end_after_leader, launch_dependents
 
 # A quiet NaN's bits: a NaN constant would differ from itself in Triton's check of a kernel's globals.
@@ -187,6 +193,55 @@ def _scan_from_lead(HLOC_ptr, M_ptr, first, j, i_hv, col0, HV: gl.constexpr, K: 
             async_copy.commit_group()
     async_copy.wait_group(0)
     return gl.convert_layout(state, state_l)
+
+
+@gluon.constexpr_function
+def _window_layout(chunks, warps):
+    # [WINDOW_CHUNKS, WINDOW_CHUNKS]: each window's chunks along a row.
+    return gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[32 // chunks, chunks], warps_per_cta=[warps, 1],
+                            order=[1, 0])
+
+
+@gluon.jit
+def _window(DECAY_ptr, start, end, i_hv, HV: gl.constexpr, BT: gl.constexpr):
+    """kernels._window in Gluon: (first token, truncated, poisoned) of a segment-state program's chunks with
+    SEGMENT_WINDOW.
+
+    The segment's end state is h_end = M_w h_w + s_w: s_w the state its last w chunks leave from a zero
+    state, h_w the state where they start, and M_w their transition, the product over their tokens of
+    gamma_t (I - beta_t k_t k_t^T). Each factor's norm is at most gamma_t max(1, |1 - beta_t ||k_t||^2|),
+    so ||M_w|| is at most 2^b, b the sum over the w chunks of log2 of the chunk's decay (the row of its
+    first token) and of its growth, the sum of log2(max(1, |1 - beta_t ||k_t||^2|)) over its tokens (the
+    row after: the prepare pass's GROWTH). The fewest last chunks (at most WINDOW_CHUNKS) with
+    b <= WINDOW_LOG2_BOUND are the window: the program runs them alone and the segment's transition is
+    dropped (its programs store M = 0), so the state the segment hands on is s_w, off by at most 2^-30 of
+    the state at the window's start. Where no window is found (gates too slow, a non-finite chunk in
+    them) the segment runs whole, as without SEGMENT_WINDOW. ``poisoned``: a chunk before the window is
+    non-finite (its decay NaN): the dropped transition is then stored as NaN, which carries it on as the
+    whole segment's transition would have."""
+    layout: gl.constexpr = _window_layout(WINDOW_CHUNKS, gl.num_warps())
+    chunks = ((end - start + BT - 1) // BT).to(gl.int32)
+    back = gl.arange(0, WINDOW_CHUNKS, layout=gl.SliceLayout(0, layout))  # chunks from the segment's end
+    inside = back < chunks
+    row = (start + (chunks - 1 - back).to(gl.int64) * BT) * HV + i_hv
+    decay = gl.load(DECAY_ptr + row, mask=inside, other=1.0)
+    growth = gl.load(DECAY_ptr + row + HV, mask=inside, other=0.0)
+    bound = gl.log2(decay) + growth  # NaN for a non-finite chunk: never within the bound
+    # Each window's bound (row i: the last i + 1 chunks), a NaN in it staying NaN.
+    rows = gl.arange(0, WINDOW_CHUNKS, layout=gl.SliceLayout(1, layout))
+    window_bound = gl.sum(gl.where(back[None, :] <= rows[:, None], bound[None, :], 0.0), axis=1)
+    last = gl.min(gl.where((rows < chunks) & (window_bound <= WINDOW_LOG2_BOUND), rows, WINDOW_CHUNKS), axis=0)
+    truncated = last < WINDOW_CHUNKS
+    poisoned = chunks < 0  # False
+    if truncated:  # a chunk of the segment non-finite (in the window none is)
+        scan: gl.constexpr = _vector_layout(gl.num_warps())
+        block: gl.constexpr = 32 * gl.num_warps()
+        for first in range(0, chunks, block):
+            c = first + gl.arange(0, block, layout=scan)
+            d = gl.load(DECAY_ptr + (start + c.to(gl.int64) * BT) * HV + i_hv, mask=c < chunks, other=1.0)
+            poisoned = poisoned | (gl.max(gl.where(d * 0.0 == 0.0, 0, 1), axis=0) > 0)
+    window_start = gl.where(truncated, start + (chunks - 1 - last).to(gl.int64) * BT, start)
+    return window_start, truncated, poisoned
 
 
 @gluon.jit
@@ -354,6 +409,7 @@ def gdn_recurrence_hopper_rs_kernel(
     SEGMENT_STATE: gl.constexpr, STORE_FINAL: gl.constexpr, DOT_PRECISION: gl.constexpr,
     STAGES: gl.constexpr, AWAIT: gl.constexpr, FROM_V: gl.constexpr = False, LEAD: gl.constexpr = False,
     AFTER_LEAD: gl.constexpr = False, FIRST_TAKES_REST: gl.constexpr = False,
+    SEGMENT_WINDOW: gl.constexpr = False,
 ):
     gl.static_assert(K == BK, "the Hopper pass takes whole K rows (K a power of two)")
     WARPS: gl.constexpr = gl.num_warps()
@@ -364,6 +420,8 @@ def gdn_recurrence_hopper_rs_kernel(
                      "segment states wait for ready flags only after a lead beside the prepare pass")
     gl.static_assert(not (FROM_V and (AWAIT or SEGMENT_STATE)), "FROM_V: uncut output passes only")
     gl.static_assert(not (LEAD and (SEGMENT_STATE or FROM_V or AFTER_LEAD)), "LEAD: an output pass")
+    gl.static_assert(not SEGMENT_WINDOW or (SEGMENT_STATE and not AWAIT),
+                     "SEGMENT_WINDOW: a segment-state pass after the prepare pass (its GROWTH in the decays)")
     state_l: gl.constexpr = _mma_layout(BK, WARPS)  # h^T: BV x K
     chunk_l: gl.constexpr = _mma_layout(BT, WARPS)  # v_new^T, o^T: BV x BT
     # Left operands from registers: an accumulator's registers are already the operand's.
@@ -399,6 +457,14 @@ def gdn_recurrence_hopper_rs_kernel(
         end, is_transition, col0, cols, u_limit = _segment_state_columns(i_col, j, count, start, end, NV, BV, V,
                                                                          v_rows)
         state = gl.where(is_transition & (cols[:, None] == k_idx[None, :]), 1.0, 0.0)
+        if SEGMENT_WINDOW:
+            start, truncated, poisoned = _window(DECAY_ptr, start, end, i_hv, HV, BT)
+            # A truncated segment's transition is dropped: its programs run no chunk and store 0 (NaN where a
+            # chunk before the window is non-finite).
+            dropped = truncated & is_transition
+            end = gl.where(dropped, start, end)
+            nan = gl.full([BV, BK], _NAN_BITS, gl.int32, layout=state_l).to(gl.float32, bitcast=True)
+            state = gl.where(dropped, gl.where(poisoned, nan, 0.0), state)
     else:
         col0 = i_col * BV
         cols = col0 + gl.arange(0, BV, layout=v_rows)

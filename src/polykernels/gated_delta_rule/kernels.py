@@ -126,6 +126,46 @@ def _segment(i_s, CU, T, N, SEGS_PER_SEQ, SEG_TOKENS, VARLEN: tl.constexpr, LOG_
     return n, j, count, start, end, valid, i_s
 
 
+# launch.SEGMENT_WINDOWS: the last chunks of a segment its window may take, and the bound (log2) on the norm of
+# their transition under which the state where they start is dropped from the segment's end state.
+WINDOW_CHUNKS = tl.constexpr(32)
+WINDOW_LOG2_BOUND = tl.constexpr(-30.0)
+
+
+@triton.jit
+def _window(DECAY_ptr, start, end, i_hv, HV: tl.constexpr, BT: tl.constexpr):
+    """(first token, truncated, poisoned) of a segment-state program's chunks with SEGMENT_WINDOW.
+
+    The segment's end state is M_w h_w + s_w: s_w what its last w chunks leave from a zero state, h_w the
+    state where they start, M_w their transition, the product over their tokens of gamma_t (I - beta_t k_t
+    k_t^T), whose norm is at most 2^b: b the sum over the w chunks of log2 of each chunk's decay (its first
+    token's row) and of its growth, the sum over its tokens of log2(max(1, |1 - beta_t ||k_t||^2|)) (the row
+    after: the prepare pass's GROWTH). The window is the fewest last chunks (at most WINDOW_CHUNKS) with
+    b <= WINDOW_LOG2_BOUND: ``truncated``, the program runs only them and the segment's transition is
+    dropped (stored as 0), so the segment hands on s_w, off by at most 2^-30 of the state where the window
+    starts. Without one (gates too slow, beta ||k||^2 out of [0, 2], a non-finite chunk in them) the segment
+    runs whole. ``poisoned``: a chunk before the window is non-finite (its decay NaN); the dropped transition
+    is then stored as NaN, which carries it on to every later token as the whole segment's would have.
+    (hopper_register_kernels._window is the same in Gluon.)"""
+    chunks = ((end - start + BT - 1) // BT).to(tl.int32)
+    back = tl.arange(0, WINDOW_CHUNKS)  # chunks from the segment's end
+    inside = back < chunks
+    row = (start + (chunks - 1 - back).to(tl.int64) * BT) * HV + i_hv
+    bound = tl.log2(tl.load(DECAY_ptr + row, mask=inside, other=1.0)) + tl.load(DECAY_ptr + row + HV, mask=inside,
+                                                                                other=0.0)
+    # Row i: the bound of the last i + 1 chunks (a NaN among them stays NaN: never within the bound).
+    window_bound = tl.sum(tl.where(back[None, :] <= back[:, None], bound[None, :], 0.0), axis=1)
+    last = tl.min(tl.where(inside & (window_bound <= WINDOW_LOG2_BOUND), back, WINDOW_CHUNKS), axis=0)
+    truncated = last < WINDOW_CHUNKS
+    poisoned = chunks < 0  # False
+    if truncated:
+        for first in range(0, chunks, 128):
+            c = first + tl.arange(0, 128)
+            decay = tl.load(DECAY_ptr + (start + c.to(tl.int64) * BT) * HV + i_hv, mask=c < chunks, other=1.0)
+            poisoned = poisoned | (tl.max(tl.where(decay * 0.0 == 0.0, 0, 1), axis=0) > 0)
+    return tl.where(truncated, start + (chunks - 1 - last).to(tl.int64) * BT, start), truncated, poisoned
+
+
 @triton.jit
 def _segments_of(bos, eos, n, SEG_TOKENS):
     """(first segment slot, segment count) of packed sequence n over tokens [bos, eos): an empty

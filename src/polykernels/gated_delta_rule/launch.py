@@ -13,7 +13,7 @@ import os
 import sys
 import types
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import NamedTuple
 
@@ -463,6 +463,21 @@ HOPPER_PREPARE: Mapping[int, int | None] = types.MappingProxyType({64: None, 128
 # (hopper_inverse_kernels) where it runs alone, B8 T4096 -2.5% on an H100 and -3.2% on an H200 (BENCHMARKS.md,
 # "the inverse's first four levels inside each warp", "thirty-third set").
 HOPPER_WARP_BLOCK_INVERSE = True
+# Cut sequences: each segment-state program finds the last chunks of its segment over which the gates have
+# decayed what came before below 2^-30 (kernels._window: at most WINDOW_CHUNKS of them; a token whose beta
+# ||k||^2 lies outside [0, 2] counts its growth against the decay), runs those alone and drops the segment's
+# transition; where a gate does not decay (g = 0) the segment runs whole. The Triton passes take them wherever
+# the plan cuts. On sm_90 (K = V = 128) the plan then cuts without the lead form, one wave of segments, both
+# sequential passes the register-state ones whatever the segments' length: with windows the segment-state pass
+# takes a few chunks, not a segment's, so there is no long pass for a lead to hide. On an H100 against the lead
+# form: 1x32768 2/8 -22.6%, 1x65536 2/8 -24.6%, 1x32768 4/16 -23.8% under the bench's gates, -18.4 to -23.6%
+# under slow gates, -0.1 to -3.6% under mixed (a quarter of the heads never forget); the Triton passes -27.4%
+# at 1x32768 2/8 (BENCHMARKS.md, "segment windows against the lead form").
+SEGMENT_WINDOWS = True
+# SEGMENT_WINDOWS for packed sequences in the Gluon passes too. Off: packed sequences keep the lead form's plan
+# there, which the windows' plan lost to at varlen 6144+2048 2/8 where a head's gates are slow (+10.6%) or
+# never forget (+9.5%, mixed gates), for -4.4% under the bench's gates (same section).
+HOPPER_PACKED_WINDOWS = False
 # Beside the sequential pass (concurrent_warp_blocks) the faster prepare pass runs further ahead of the
 # sequential programs that read what it stores, and the two passes' shared traffic decides: on an H200
 # (4.8 TB/s) the per-warp levels made the op 8.5% shorter at B1 T32768 32/32 (9.1% at T131072), on an H100
@@ -635,7 +650,8 @@ def launch_tables(block_k: int, arch: str | None) -> tuple:
             tuple(HOPPER_REGISTER_PAIRS.items()), tuple(HOPPER_CONCURRENT.items()), tuple(COMBINE_LAUNCH.items()),
             tuple(HOPPER_REGISTER_CUT.items()), tuple(HOPPER_REGISTER_SEGMENT_STAGES.items()), HOPPER_PAIRS_FROM_V,
             tuple(HOPPER_LEAD_SEGMENT.items()), tuple(HOPPER_LEAD_BESIDE_PREPARE.items()), HOPPER_WARP_BLOCK_INVERSE,
-            HOPPER_CONCURRENT_WARP_BLOCKS_GBPS, gluon_allowed())
+            HOPPER_CONCURRENT_WARP_BLOCKS_GBPS, gluon_allowed(), SEGMENT_WINDOWS,
+            HOPPER_PACKED_WINDOWS)
 
 
 def concurrent_warp_blocks(heads: int, value_heads: int, dram_gbps: float | None,
@@ -714,6 +730,7 @@ class _Recipe:
     sequential_programs: int  # concurrent: the sequential pass's grid size (ready_flags.end_after_leader)
     workspace: Layout  # every intermediate (_Scratch)
     from_v: bool = False  # HOPPER_PAIRS_FROM_V: the prepare pass stores T, the sequential pass reads v
+    segment_windows: bool = False  # SEGMENT_WINDOWS: the prepare pass's GROWTH, the segment states' windows
     inverse_beside: str = ""  # concurrent: why the prepare pass's inverse takes its levels whole or per warp
     plan: SegmentPlan | None = None  # what plan_segments chose, and why (plan_report)
 
@@ -732,7 +749,9 @@ def _recipe(
     hopper_register_segment_stages: tuple[tuple[int, int], ...], pairs_from_v: bool = False,
     lead_segment: tuple[tuple[int, int], ...] = (),
     lead_beside_prepare: tuple[tuple[int, LeadRates], ...] = (), warp_block_inverse: bool = False,
-    concurrent_warp_blocks_gbps: float = math.inf, gluon: bool = True, *, sms: int | None = None,
+    concurrent_warp_blocks_gbps: float = math.inf, gluon: bool = True, segment_windows: bool = False,
+    packed_windows: bool = False, *,
+    sms: int | None = None,
     dram_gbps: float | None = None,
 ) -> _Recipe:
     """``sms`` and ``dram_gbps``: the SM count and peak DRAM bandwidth (GB/s) to plan for, where not the
@@ -752,13 +771,32 @@ def _recipe(
     lead_tiles = ({tile: least for tile, least in lead_segment
                    if tile in dict(hopper_register_stages) and tile in dict(hopper_register_segment_stages)}
                   if on_hopper else None)
-    plan = plan_segments(num_seqs, total, value_heads, sm_count, num_segments, key_dim=key_dim,
-                         value_dim=value_dim, register_tiles=dict(hopper_register_stages) if on_hopper else (),
-                         register_pairs=dict(hopper_register_pairs) if on_hopper else (),
-                         concurrent_tiles={tile: beside[0] for tile in dict(hopper_register_stages)} if beside
-                         else None, lead_tiles=lead_tiles,
-                         lead_rates=dict(lead_beside_prepare).get(key_dim) if overlap else None,
-                         packed=varlen, block_vs=block_vs)
+
+    def plan_for(lead_tiles: Mapping[int, int] | None) -> SegmentPlan:
+        return plan_segments(num_seqs, total, value_heads, sm_count, num_segments, key_dim=key_dim,
+                             value_dim=value_dim, register_tiles=dict(hopper_register_stages) if on_hopper else (),
+                             register_pairs=dict(hopper_register_pairs) if on_hopper else (),
+                             concurrent_tiles={tile: beside[0] for tile in dict(hopper_register_stages)} if beside
+                             else None, lead_tiles=lead_tiles,
+                             lead_rates=dict(lead_beside_prepare).get(key_dim) if overlap and lead_tiles else None,
+                             packed=varlen, block_vs=block_vs)
+
+    # SEGMENT_WINDOWS: the Gluon passes (K = V = 128) cut without the lead form, their segment states in the
+    # register-state pass (whose segment-state programs take the windows) whatever the segments' length, where
+    # that pass runs the plan's tile, and packed sequences only with HOPPER_PACKED_WINDOWS; the lead form's plan
+    # otherwise. The Triton passes (no lead form) take the windows wherever the plan cuts.
+    gluon_windows = (segment_windows and gluon_prepare and key_dim == value_dim == 128
+                     and (packed_windows or not varlen))
+    plan = plan_for(None) if gluon_windows else plan_for(lead_tiles)
+    if gluon_windows and not (plan.segments > 1 and not plan.concurrent and plan.warpgroups == 1
+                              and plan.block_v in dict(hopper_register_stages)
+                              and plan.block_v in dict(hopper_register_segment_stages)):
+        gluon_windows, plan = False, plan_for(lead_tiles)
+    triton_windows = segment_windows and not on_hopper and plan.segments > 1
+    windows = gluon_windows or triton_windows
+    if windows:
+        plan = replace(plan, reason=plan.reason + "; each segment state from its last chunks where the gates have "
+                                                  "decayed the rest below 2^-30 (the segments whole where not)")
     segment_chunks = plan.segment_chunks if plan.segments > 1 else 0
     block_k, block_v = _block(key_dim), plan.block_v * plan.warpgroups
     precision = guards.dot_precision(fp32_inputs=dtype == torch.float32)
@@ -798,7 +836,8 @@ def _recipe(
         least = dict(hopper_register_cut).get(block_v)
         segment_pass = block_v in dict(hopper_register_segment_stages) or block_v in dict(hopper_stages)
         register_stages = (dict(hopper_register_stages).get(block_v)
-                           if lead or (least is not None and segment_chunks >= least and segment_pass) else None)
+                           if lead or gluon_windows or (least is not None and segment_chunks >= least and segment_pass)
+                           else None)
     elif plan.concurrent and beside:
         register_stages = beside[1]
     elif plan.warpgroups == 2:  # the plan pairs only tiles that table holds
@@ -822,10 +861,11 @@ def _recipe(
             # prepare pass's, each chunk's copies after its flag).
             segment_tail = ({"STAGES": segment_stages, "num_warps": 4, "AWAIT": beside_prepare, "FROM_V": False,
                              "LEAD": False, "AFTER_LEAD": lead, "FIRST_TAKES_REST": beside_prepare,
+                             **({"SEGMENT_WINDOW": True} if gluon_windows else {}),
                              **({"launch_pdl": True} if lead else {})}
                             if segment_stages
                             else {"STAGES": dict(hopper_stages)[block_v], "num_warps": 4})
-    prepare_tail = {"num_warps": prep_warps, "num_stages": 1}
+    prepare_tail = {"num_warps": prep_warps, "num_stages": 1, **({"GROWTH": True} if triton_windows else {})}
     # Ready flags (one per chunk and value head) then the done counters: the prepare pass's and the sequential
     # pass's beside it; the lead's and the segment states' (ready_flags); the prepare pass's, the lead's and the
     # segment states' where the lead runs beside the prepare pass (hopper_register_kernels).
@@ -840,7 +880,7 @@ def _recipe(
         per_warp_beside, inverse_beside = concurrent_warp_blocks(
             heads, value_heads, dram_gbps if sms else platform.dram_gbps(device), concurrent_warp_blocks_gbps
         ) if plan.concurrent else (False, "")
-        prepare_tail = {"CONCURRENT": dependent, "num_warps": 4, "STORE_T": from_v,
+        prepare_tail = {"CONCURRENT": dependent, "num_warps": 4, "STORE_T": from_v, "GROWTH": gluon_windows,
                         "WARP_BLOCKS": warp_block_inverse and (not dependent or per_warp_beside),
                         **({"maxnreg": caps[key_dim]} if caps[key_dim] else {}),
                         **({"launch_pdl": True} if dependent else {})}
@@ -849,7 +889,7 @@ def _recipe(
               device, seen, block_vs, launch, prepare_launch, hopper_stages, hopper_prepare, hopper_register_stages,
               hopper_register_pairs, hopper_concurrent, combine_launch, hopper_register_cut,
               hopper_register_segment_stages, pairs_from_v, lead_segment, lead_beside_prepare,
-              warp_block_inverse, concurrent_warp_blocks_gbps, gluon),
+              warp_block_inverse, concurrent_warp_blocks_gbps, gluon, segment_windows, packed_windows),
         chunks_per_seq=chunks_per_seq, segment_chunks=segment_chunks,
         segments_per_seq=segments_per_seq, max_segments=max_segments, segment_tokens=segment_tokens,
         prepare_grid=(max_chunks, value_heads),
@@ -866,7 +906,7 @@ def _recipe(
         segment_state_grid=(value_tiles + -(-key_dim // block_v),
                             states_after_lead if lead else max_segments, value_heads),
         segment_state_meta={**recurrence, "HAS_INITIAL": False, "SEGMENT_STATE": True, "STORE_FINAL": False,
-                            **segment_tail},
+                            **segment_tail, **({"SEGMENT_WINDOW": True} if triton_windows else {})},
         combine_grid=(-(-value_dim // combine_bv), num_seqs, value_heads),
         combine_meta={"HV": value_heads, "K": key_dim, "V": value_dim, "BK": block_k, "BV": combine_bv,
                       "KB": combine_operator_block(block_k, combine["whole_k"]), "HAS_INITIAL": has_initial,
@@ -884,6 +924,7 @@ def _recipe(
         beside_prepare=beside_prepare,
         sequential_programs=value_tiles * max_segments * value_heads if plan.concurrent else 0,
         from_v=from_v,
+        segment_windows=windows,
         inverse_beside=inverse_beside,
         plan=plan,
         workspace=_workspace(total, value_heads, key_dim, value_dim, dtype, max_segments, bool(segment_chunks),

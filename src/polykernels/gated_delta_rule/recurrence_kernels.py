@@ -42,6 +42,7 @@ from polykernels.gated_delta_rule.kernels import (
     _row_rsqrt_norm,
     _segment,
     _tile,
+    _window,
 )
 
 
@@ -51,7 +52,7 @@ def gdn_prepare_kernel(
     T, N, CHUNKS_PER_SEQ, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, NV: tl.constexpr, L2NORM: tl.constexpr, VARLEN: tl.constexpr, LOG_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, INVERSE_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, INVERSE_PRECISION: tl.constexpr, GROWTH: tl.constexpr = False,
 ):
     i_c, i_hv = _chunk_program(tl.program_id(0), tl.program_id(1), tl.num_programs(0), HV)
     i_h = i_hv // (HV // H)
@@ -107,6 +108,10 @@ def gdn_prepare_kernel(
         tl.store(QS_ptr + row_of + rows * HV, tl.where(keep, scale * rq * tl.exp(gc), _nan()), mask=in_chunk)
         tl.store(KS_ptr + row_of + rows * HV, tl.where(keep, rk * tl.exp(gate_last - gc), 0.0), mask=in_chunk)
         tl.store(DECAY_ptr + row_of, tl.where(first_bad < BT, _nan(), tl.exp(gate_last)))
+        if GROWTH:  # launch.SEGMENT_WINDOWS: kernels._window's growth, in the chunk's second row (no decay there)
+            squared = tl.sum(k.to(tl.float32) * k.to(tl.float32), axis=1)  # ||k_t||^2 as the products see k
+            growth = tl.sum(tl.log2(tl.maximum(tl.abs(1.0 - b * squared), 1.0)), axis=0)
+            tl.store(DECAY_ptr + row_of + HV, growth, mask=length > 1)
 
 
 @triton.jit
@@ -125,7 +130,9 @@ def gdn_recurrence_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, NV: tl.constexpr, VARLEN: tl.constexpr, LOG_N: tl.constexpr, HAS_INITIAL: tl.constexpr,
     SEGMENT_STATE: tl.constexpr, STORE_FINAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SEGMENT_WINDOW: tl.constexpr = False,
 ):
+    tl.static_assert(not SEGMENT_WINDOW or SEGMENT_STATE, "SEGMENT_WINDOW: the segment-state pass")
     i_col = tl.program_id(0)
     i_s = tl.program_id(1).to(tl.int64)
     i_hv = tl.program_id(2).to(tl.int64)
@@ -141,6 +148,11 @@ def gdn_recurrence_kernel(
         cols = tl.where(is_transition, i_col - NV, i_col) * BV + tl.arange(0, BV)
         state = tl.where(is_transition & (k_rows[:, None] == cols[None, :]), 1.0, 0.0)
         u_mask = (cols[None, :] < V) & ~is_transition
+        if SEGMENT_WINDOW:  # the segment's last chunks alone, its transition dropped (kernels._window)
+            start, truncated, poisoned = _window(DECAY_ptr, start, end, i_hv, HV, BT)
+            dropped = truncated & is_transition
+            end = tl.where(dropped, start, end)
+            state = tl.where(dropped, tl.where(poisoned, _nan(), 0.0), state)
     else:
         cols = i_col * BV + tl.arange(0, BV)
         u_mask = cols[None, :] < V

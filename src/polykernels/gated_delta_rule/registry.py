@@ -116,6 +116,15 @@ def triton_pass_specs(block_k: int = 128) -> list[KernelSpec]:
         options={"num_stages": 1},
         platform_options=lambda: _prepare_options(block_k),
     ) for name, fp32_inputs in (("gdn_prepare", False), ("gdn_prepare_fp32", True))]
+    # launch.SEGMENT_WINDOWS: the prepare pass storing each chunk's growth term, and the segment-state pass
+    # taking each segment's last chunks alone where the gates allow.
+    specs.append(KernelSpec(
+        name=f"gdn_prepare_growth{suffix}", module=_PASSES, function="gdn_prepare_kernel",
+        signature={**_PREPARE_SIGNATURE, "GROWTH": "constexpr"}, constexprs={**shape, **_SEGMENTS, "V": 128,
+                                                                            "GROWTH": True},
+        platform_constexprs=lambda: {**_prepare_precision(False), **_prepare_tile(block_k)},
+        options={"num_stages": 1}, platform_options=lambda: _prepare_options(block_k),
+    ))
     specs += [KernelSpec(
         name=f"{name}{suffix}", module=_PASSES, function="gdn_recurrence_kernel", signature=signature,
         constexprs={**shape, "V": 128, "VARLEN": True, "LOG_N": 4, "HAS_INITIAL": True,
@@ -128,6 +137,14 @@ def triton_pass_specs(block_k: int = 128) -> list[KernelSpec]:
         ("gdn_recurrence_wide", False, _RECURRENCE_SIGNATURE, _precision, True),
         ("gdn_segment_state_wide", True, _RECURRENCE_SIGNATURE, _precision, True),
         ("gdn_recurrence_fp32", False, _fp32(_RECURRENCE_SIGNATURE), _precision_fp32, False))]
+    specs.append(KernelSpec(
+        name=f"gdn_segment_state_window{suffix}", module=_PASSES, function="gdn_recurrence_kernel",
+        signature={**_RECURRENCE_SIGNATURE, "SEGMENT_WINDOW": "constexpr"},
+        constexprs={**shape, "V": 128, "VARLEN": True, "LOG_N": 4, "HAS_INITIAL": False, "SEGMENT_STATE": True,
+                    "STORE_FINAL": False, "SEGMENT_WINDOW": True},
+        platform_constexprs=lambda: {**_precision(), **_recurrence_tile(block_k, False)},
+        platform_options=lambda: _recurrence_options(block_k),
+    ))
     return specs
 
 
@@ -209,6 +226,32 @@ for _name, _warpgroups, _stages, _await, _segment_state in (
         allowed=_on_hopper, platform_constexprs=_precision,
         options={"num_warps": 4 * _warpgroups},
     ))
+# launch.SEGMENT_WINDOWS (sm_90, batch rows): the prepare pass storing each chunk's growth bound, and the
+# register-state segment-state pass taking each segment's last
+# chunks alone where the gates have decayed the rest away.
+register(KernelSpec(
+    name="gdn_prepare_hopper_growth", module="polykernels.gated_delta_rule.hopper_prepare_kernels",
+    function="gdn_prepare_hopper_kernel",
+    signature={**{name: kind for name, kind in _PREPARE_SIGNATURE.items() if kind != "constexpr"},
+               "FLAGS": "*i32", "SEQUENTIAL_PROGRAMS": "i32",
+               **{name: kind for name, kind in _PREPARE_SIGNATURE.items() if kind == "constexpr"},
+               **_constexpr("CONCURRENT", "STORE_T", "WARP_BLOCKS", "GROWTH")},
+    constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV, "VARLEN": True,
+                "CONCURRENT": False, "STORE_T": False, "WARP_BLOCKS": HOPPER_WARP_BLOCK_INVERSE, "GROWTH": True},
+    allowed=_on_hopper, platform_constexprs=functools.partial(_prepare_precision, False),
+    options={"num_warps": 4, **({"maxnreg": _PREPARE_CAP} if _PREPARE_CAP else {})},
+))
+register(KernelSpec(
+    name="gdn_segment_state_hopper_rs_window", module="polykernels.gated_delta_rule.hopper_register_kernels",
+    function="gdn_recurrence_hopper_rs_kernel",
+    signature={**_RS_SIGNATURE, **_constexpr("FROM_V", "LEAD", "AFTER_LEAD", "FIRST_TAKES_REST", "SEGMENT_WINDOW")},
+    constexprs={**_SHAPE, "V": 128, "BV": _WIDE_BV, "NV": 128 // _WIDE_BV, "VARLEN": True, "LOG_N": 4,
+                "HAS_INITIAL": False, "SEGMENT_STATE": True, "STORE_FINAL": False,
+                "STAGES": HOPPER_REGISTER_SEGMENT_STAGES[_WIDE_BV], "AWAIT": False, "FROM_V": False, "LEAD": False,
+                "AFTER_LEAD": False, "FIRST_TAKES_REST": False, "SEGMENT_WINDOW": True},
+    allowed=_on_hopper, platform_constexprs=_precision,
+    options={"num_warps": 4},
+))
 # launch.HOPPER_PAIRS_FROM_V (sm_90, K = 128): the prepare pass storing T and k's factor in w, and the
 # two-warpgroup register-state pass forming v_new from v and T.
 register(KernelSpec(

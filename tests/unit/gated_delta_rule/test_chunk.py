@@ -359,6 +359,7 @@ def test_register_state_pass_runs_wide_tiles_of_long_segments_on_sm90(
     assert launch.HOPPER_REGISTER_CUT[64] == 64
     monkeypatch.setattr(launch, "HOPPER_CONCURRENT", {})  # 1 x 8192 x 32 heads would run side by side
     monkeypatch.setattr(launch, "HOPPER_LEAD_SEGMENT", {})  # the lead form runs the register-state pass throughout
+    monkeypatch.setattr(launch, "SEGMENT_WINDOWS", False)  # and so do the windows
     recipe = _sm90_recipe(monkeypatch, 1, 8192, value_heads // 4, value_heads, num_segments)
     assert recipe.hopper and recipe.hopper_registers is registers
     assert recipe.recurrence_meta["BV"] == (64 if registers or num_segments else 32)
@@ -412,6 +413,8 @@ def test_segment_plan_takes_one_segment_more_where_the_first_runs_beside_the_seg
 def test_lead_recipe_launches_the_segment_states_as_the_first_segments_dependent(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from polykernels.gated_delta_rule import launch
+
+    monkeypatch.setattr(launch, "SEGMENT_WINDOWS", False)  # the lead form's plan
 
     monkeypatch.setattr(launch, "HOPPER_LEAD_BESIDE_PREPARE", {})  # the lead after the prepare pass
     recipe = _sm90_recipe(monkeypatch, 1, 32768, 2, 8, None)  # 9 segments of 57 chunks
@@ -483,6 +486,7 @@ def test_packed_lead_recipe_numbers_the_segments_after_each_first(monkeypatch: p
     # at most total // segment tokens of them whatever the lengths (6144+2048 in segments of 960 tokens: 8).
     from polykernels.gated_delta_rule import launch
 
+    monkeypatch.setattr(launch, "SEGMENT_WINDOWS", False)  # the lead form's plan
     recipe = _sm90_recipe(monkeypatch, 1, 8192, 2, 8, None, packed=2)
     assert recipe.lead and not recipe.beside_prepare and recipe.segment_chunks == 15
     order = [(name, meta.get("launch_pdl", False)) for _, _, name, meta, _ in
@@ -514,6 +518,8 @@ def test_lead_beside_the_prepare_pass_is_launched_first_with_the_longer_first_se
     # its programmatic dependent and the segment-state pass the prepare pass's; the segments after the first
     # are shorter, the first takes the rest (the plan's estimate from HOPPER_LEAD_BESIDE_PREPARE's rates).
     from polykernels.gated_delta_rule import launch
+
+    monkeypatch.setattr(launch, "SEGMENT_WINDOWS", False)  # the lead form's plan
 
     recipe = _sm90_recipe(monkeypatch, 1, 32768, 4, 16, None)
     assert recipe.lead and recipe.beside_prepare and recipe.segments_per_seq == 5
@@ -1069,6 +1075,7 @@ def test_gpu_lead_segment_beside_the_segment_states(gpu_device: str, monkeypatch
     from polykernels.gated_delta_rule import launch
 
     monkeypatch.setattr(launch, "HOPPER_LEAD_SEGMENT", {64: 1})  # segments of any length
+    monkeypatch.setattr(launch, "SEGMENT_WINDOWS", False)  # the lead form's plan
     head_start = {64: HEAD_START, 128: HEAD_START} if beside_prepare else {}
     monkeypatch.setattr(launch, "HOPPER_LEAD_BESIDE_PREPARE", head_start)
     inputs = make_inputs(batch, tokens, 2, 8, key_dim, value_dim, torch.bfloat16, device=gpu_device)
@@ -1090,6 +1097,205 @@ def test_gpu_lead_segment_beside_the_segment_states(gpu_device: str, monkeypatch
     _holds_as_the_lead_form(monkeypatch, public, first, replayed, registered,
                             [False, True, True, False] if beside_prepare else [False, False, True, False],
                             inputs, h0, None, segments)
+
+
+def test_segment_windows_cut_without_the_lead_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    # launch.SEGMENT_WINDOWS on sm_90: cut sequences without the lead form, one wave of segments, the
+    # register-state passes over them whatever their length, the prepare pass storing each chunk's growth and
+    # the segment-state programs finding their windows. Packed sequences keep the lead form unless
+    # launch.HOPPER_PACKED_WINDOWS. Off, the lead form.
+    from polykernels.gated_delta_rule import launch
+
+    thin = _sm90_recipe(monkeypatch, 1, 32768, 2, 8, None)
+    assert (thin.segment_windows, thin.lead, thin.segments_per_seq, thin.segment_chunks) == (True, False, 8, 64)
+    assert thin.segment_state_meta["SEGMENT_WINDOW"] and thin.prepare_meta["GROWTH"]
+    assert "gates have decayed the rest below 2^-30" in thin.plan.reason
+    assert "SEGMENT_WINDOW" not in thin.recurrence_meta  # the output pass is the same kernel as without
+    wide = _sm90_recipe(monkeypatch, 1, 32768, 4, 16, None)
+    assert (wide.segment_windows, wide.lead, wide.beside_prepare, wide.segments_per_seq) == (True, False, False, 4)
+    short = _sm90_recipe(monkeypatch, 1, 8192, 2, 8, None)  # 8 segments of 16 chunks
+    assert short.segment_windows and not short.lead and short.segment_registers and short.hopper_registers
+    assert short.segment_chunks == 16
+    packed = _sm90_recipe(monkeypatch, 1, 8192, 2, 8, None, packed=2)  # 6144 + 2048 tokens: 4 of 16 on average
+    assert packed.lead and not packed.segment_windows and not packed.prepare_meta["GROWTH"]
+    monkeypatch.setattr(launch, "HOPPER_PACKED_WINDOWS", True)
+    packed = _sm90_recipe(monkeypatch, 1, 8192, 2, 8, None, packed=2)
+    assert packed.segment_windows and not packed.lead and packed.segment_chunks == 16
+    monkeypatch.setattr(launch, "SEGMENT_WINDOWS", False)
+    off = _sm90_recipe(monkeypatch, 1, 32768, 2, 8, None)
+    assert off.lead and not off.segment_windows and off.segments_per_seq == 9
+
+
+def _windowed_and_whole(monkeypatch: pytest.MonkeyPatch, inputs, segments: int, h0=None, cu=None):
+    """(outputs, transitions) with launch.SEGMENT_WINDOWS, then the same cut without it (and without the lead
+    form, so both run the same passes but the windows): each segment's stored transition beside the outputs."""
+    from polykernels._workspace import Layout
+    from polykernels.gated_delta_rule import launch
+
+    allocated, allocate = [], Layout.allocate
+    monkeypatch.setattr(Layout, "allocate", lambda self, device: allocated.append(allocate(self, device)) or
+                        allocated[-1])
+    key_dim = inputs[0].shape[-1]
+    num_seqs = inputs[0].shape[0] if cu is None else cu.shape[0] - 1
+    monkeypatch.setattr(launch, "HOPPER_PACKED_WINDOWS", True)  # the Gluon passes' windows, packed sequences too
+    results = []
+    for windows in (True, False):
+        monkeypatch.setattr(launch, "SEGMENT_WINDOWS", windows)
+        monkeypatch.setattr(launch, "HOPPER_LEAD_SEGMENT", {} if not windows else launch.HOPPER_LEAD_SEGMENT)
+        outputs = launch_chunk_gated_delta_rule(*inputs, key_dim**-0.5, h0, True, cu, False, segments)
+        if inputs[0].is_cuda:
+            torch.cuda.synchronize()
+        recipe = launch._recipe(inputs[0].shape, inputs[2].shape, inputs[0].dtype, None if cu is None else cu.dtype,
+                                num_seqs, h0 is not None, True, False, segments, inputs[0].device,
+                                *_platform_and_tables_here(key_dim))
+        assert recipe.segment_windows is windows and not recipe.lead and recipe.segment_chunks
+        transitions = launch._Scratch(*recipe.workspace.views(allocated[-1])).transitions
+        results.append((outputs, transitions.clone()))
+    return results
+
+
+def _platform_and_tables_here(key_dim: int) -> tuple:
+    from polykernels import platform
+
+    return (platform.current(), *_tables_here(key_dim))
+
+
+def _steady_gates(inputs, per_token: float):
+    """The inputs with every gate at ``per_token``."""
+    return (*inputs[:3], torch.full_like(inputs[3], per_token), inputs[4])
+
+
+@pytest.mark.cpu_only
+def test_triton_segment_windows(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The Triton passes (every target but sm_90's 16-bit inputs): 48 chunks in 4 segments of 12, gates of
+    # -0.06 a token (5.5 off log2 a chunk: 6-chunk windows). Value head 0 takes them: its transitions stored
+    # as 0 where without the windows they are about 2^-66. Value head 1 (g = 0) takes none: its transitions
+    # (small: (I - beta k k^T) alone over 768 tokens of K = 16 keys) and outputs the same bits as without.
+    # Both as near the fp64 recurrence as without the windows.
+    inputs = _steady_gates(make_inputs(1, 48 * 64, 1, 2, 16, 16, torch.float32), -0.06)
+    inputs[3][..., 1] = 0.0
+    h0 = torch.randn(1, 2, 16, 16)
+    (windowed, kept), (whole, full) = _windowed_and_whole(monkeypatch, inputs, 4, h0)
+    assert bool((kept[:3, 0] == 0).all()) and bool((full[:3, 0] != 0).any())
+    assert torch.equal(kept[:3, 1], full[:3, 1]) and bool(full[:3, 1].abs().amax() > 0)  # (I - beta k k^T) alone
+    assert torch.equal(windowed[0][..., 1, :], whole[0][..., 1, :]) and torch.equal(windowed[1][:, 1], whole[1][:, 1])
+    exact = naive_recurrent_gated_delta_rule(*(t.double() for t in inputs), 0.25, h0.double(), True)
+    for got, want, oracle in zip(windowed, whole, exact, strict=True):
+        assert relative_rms_error(got, oracle) < BOUND[torch.float32]
+        assert relative_rms_error(got, oracle) <= 1.1 * relative_rms_error(want, oracle) + 1e-7
+
+
+@pytest.mark.cpu_only
+def test_triton_segment_windows_of_packed_sequences(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Packed sequences of 1500, 700 (one segment: none to hand on), 37 and 2900 tokens in segments of 12 chunks.
+    lengths = [1500, 700, 37, 2900]
+    inputs = _steady_gates(make_inputs(1, sum(lengths), 1, 2, 16, 16, torch.float32), -0.06)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    (windowed, kept), (whole, full) = _windowed_and_whole(monkeypatch, inputs, 3, cu=cu)
+    assert bool((kept == 0).any()) and not torch.equal(kept, full)
+    exact = naive_recurrent_gated_delta_rule(*(t.double() for t in inputs), 0.25, None, True, cu)
+    for got, want, oracle in zip(windowed, whole, exact, strict=True):
+        assert relative_rms_error(got, oracle) < BOUND[torch.float32]
+        assert relative_rms_error(got, oracle) <= 1.1 * relative_rms_error(want, oracle) + 1e-7
+
+
+@pytest.mark.cpu_only
+def test_triton_segment_windows_carry_a_nan_and_skip_a_growing_beta(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A NaN k at token 100 (the first segment's, long before its window): every later output of the value
+    # heads reading it NaN, as without the windows (its transition stored as NaN). beta = 2.2 (|1 - beta| = 1.2
+    # a token, 2^16.8 a chunk against 2^-5.5 of gates): no window, the same bits as without.
+    inputs = _steady_gates(make_inputs(1, 48 * 64, 1, 2, 16, 16, torch.float32), -0.06)
+    poisoned = (*inputs[:1], inputs[1].clone(), *inputs[2:])
+    poisoned[1][0, 100, 0, 3] = float("nan")
+    (windowed, kept), (whole, _) = _windowed_and_whole(monkeypatch, poisoned, 4)
+    assert bool(torch.isnan(kept[0]).all()) and torch.equal(torch.isnan(windowed[0]), torch.isnan(whole[0]))
+    assert bool(torch.isnan(windowed[0][0, 100:]).all()) and bool(torch.isfinite(windowed[0][0, :100]).all())
+    growing = (*inputs[:4], torch.full_like(inputs[4], 2.2))
+    (windowed, kept), (whole, full) = _windowed_and_whole(monkeypatch, growing, 4)
+    assert torch.equal(kept[:3], full[:3]) and torch.equal(windowed[0], whole[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gate", ["random", "slow", "zero", "mixed"])
+def test_gpu_segment_windows(gpu_device: str, monkeypatch: pytest.MonkeyPatch, gate: str) -> None:
+    # 1 x 16384 tokens in 4 segments of 64 chunks (2 qk / 8 v heads): with launch.SEGMENT_WINDOWS each
+    # segment-state program runs only the last chunks over which its gates decay the rest below 2^-30 and
+    # stores a zero transition. random (logsigmoid(randn), about -0.8 a token): every segment but the last
+    # takes a window, its transitions zero, and the outputs are as near the fp64 recurrence as the whole
+    # segments' (not the same bits: the state handed on is formed another way). slow (about -0.02 a token,
+    # about 18 chunks to 2^-30) too, within WINDOW_CHUNKS. zero: no window anywhere, the transitions and the outputs
+    # the same bits as without. mixed: the zero gates on half the value heads, those heads as without.
+    if torch.cuda.get_device_capability(gpu_device) != (9, 0):
+        pytest.skip("the register-state passes run on sm_90 only")
+    inputs = make_inputs(1, 16384, 2, 8, 128, 128, torch.bfloat16, gate="zero" if gate == "zero" else
+                         "slow" if gate == "slow" else "random", device=gpu_device)
+    if gate == "mixed":
+        inputs[3][:, :, 4:] = 0.0
+    h0 = torch.randn(1, 8, 128, 128, device=gpu_device)
+    (windowed, kept), (whole, full) = _windowed_and_whole(monkeypatch, inputs, 4, h0)
+    still = slice(0, 8) if gate == "zero" else slice(4, 8) if gate == "mixed" else slice(0, 0)
+    decaying = slice(0, 0) if gate == "zero" else slice(0, 4) if gate == "mixed" else slice(0, 8)
+    if gate in ("zero", "mixed"):
+        assert torch.equal(kept[:3, still], full[:3, still]) and bool(full[:3, still].abs().amax() > 0)
+    assert bool((kept[:3, decaying] == 0).all()), "a segment with decaying gates kept its transition"
+    assert torch.equal(windowed[0][..., still, :], whole[0][..., still, :])
+    assert torch.equal(windowed[1][:, still], whole[1][:, still])
+    exact = naive_recurrent_gated_delta_rule(*(t.double() for t in inputs), 128**-0.5, h0.double(), True, None, False)
+    for got_all, want_all, oracle_all, heads in zip(windowed, whole, exact, (2, 1), strict=True):
+        got, want, oracle = (t.narrow(heads, decaying.start, decaying.stop - decaying.start)
+                             for t in (got_all, want_all, oracle_all))
+        if got.numel():
+            assert relative_rms_error(got, oracle) < BOUND[torch.bfloat16]
+            assert relative_rms_error(got, oracle) <= 1.1 * relative_rms_error(want, oracle)
+
+
+@pytest.mark.gpu
+def test_gpu_segment_windows_of_packed_sequences(gpu_device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The bench's varlen 6144 + 2048 (2 qk / 8 v heads) in segments of 16 chunks: zero transitions where the
+    # gates decay, as near the fp64 recurrence as the cut without windows (whose segment states run in the
+    # shared-state pass there: not the same kernels, so no bits compared).
+    if torch.cuda.get_device_capability(gpu_device) != (9, 0):
+        pytest.skip("the register-state passes run on sm_90 only")
+    lengths = [6144, 2048]
+    inputs = make_inputs(1, sum(lengths), 2, 8, 128, 128, torch.bfloat16, device=gpu_device)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=gpu_device, dtype=torch.int32)
+    (windowed, kept), (whole, _) = _windowed_and_whole(monkeypatch, inputs, None, cu=cu)
+    # Slots (kernels._first_slot): the first sequence's six segments 0-5, the second's two 7-8; each last none.
+    assert bool((kept[:5] == 0).all()) and bool((kept[7] == 0).all())
+    exact = naive_recurrent_gated_delta_rule(*(t.double() for t in inputs), 128**-0.5, None, True, cu, False)
+    for got, want, oracle in zip(windowed, whole, exact, strict=True):
+        assert relative_rms_error(got, oracle) < BOUND[torch.bfloat16]
+        assert relative_rms_error(got, oracle) <= 1.1 * relative_rms_error(want, oracle)
+
+
+@pytest.mark.gpu
+def test_gpu_segment_windows_carry_a_nan_before_the_window(gpu_device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A non-finite k at token 100 (the first segment's first chunk, far before its window): its value heads'
+    # outputs from there on are NaN as without the windows (the dropped transition stored as NaN carries it).
+    if torch.cuda.get_device_capability(gpu_device) != (9, 0):
+        pytest.skip("the register-state passes run on sm_90 only")
+    inputs = make_inputs(1, 16384, 2, 8, 128, 128, torch.bfloat16, device=gpu_device)
+    inputs[1][0, 100, 0] = float("nan")
+    (windowed, kept), (whole, _) = _windowed_and_whole(monkeypatch, inputs, 4)
+    assert torch.isnan(kept[0, :4]).all() and bool((kept[:3, 4:] == 0).all())
+    assert torch.equal(torch.isnan(windowed[0]), torch.isnan(whole[0]))
+    assert torch.isnan(windowed[0][0, 100:, :4]).all() and torch.isfinite(windowed[0][0, :100]).all()
+    assert torch.isfinite(windowed[0][0, :, 4:]).all()
+
+
+@pytest.mark.gpu
+def test_gpu_segment_windows_not_taken_where_beta_grows_the_state(gpu_device: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # beta = 2.2 with ||k|| = 1: each token's factor may grow a state by 1.2, 2^0.26, more than gates of -0.005 a
+    # token take off: no window, the same bits as without (and transitions of about e^-20, not 0 in fp32).
+    if torch.cuda.get_device_capability(gpu_device) != (9, 0):
+        pytest.skip("the register-state passes run on sm_90 only")
+    inputs = list(make_inputs(1, 16384, 2, 8, 128, 128, torch.bfloat16, device=gpu_device))
+    inputs[3] = torch.full_like(inputs[3], -0.005)
+    inputs[4] = torch.full_like(inputs[4], 2.2)
+    (windowed, kept), (whole, full) = _windowed_and_whole(monkeypatch, inputs, 4)
+    assert torch.equal(kept[:3], full[:3]) and bool(full[:3].abs().amax() > 0)
+    assert torch.equal(windowed[0], whole[0]) and torch.equal(windowed[1], whole[1])
 
 
 def _holds_as_the_lead_form(monkeypatch: pytest.MonkeyPatch, public, first, replayed, registered: list,
@@ -1137,6 +1343,7 @@ def test_gpu_packed_sequences_lead_segment(gpu_device: str, monkeypatch: pytest.
     from polykernels.gated_delta_rule import launch
 
     monkeypatch.setattr(launch, "HOPPER_LEAD_SEGMENT", {64: 1})  # segments of any length
+    monkeypatch.setattr(launch, "SEGMENT_WINDOWS", False)  # the lead form's plan
     inputs = make_inputs(1, sum(lengths), 2, 8, key_dim, value_dim, torch.bfloat16, device=gpu_device)
     cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=gpu_device)
     h0 = torch.randn(len(lengths), 8, key_dim, value_dim, device=gpu_device) if initial else None
@@ -1248,6 +1455,7 @@ def test_gpu_nan_never_reaches_earlier_tokens_across_a_lead_segment(gpu_device: 
     from polykernels.gated_delta_rule import launch
 
     monkeypatch.setattr(launch, "HOPPER_LEAD_SEGMENT", {64: 1})
+    monkeypatch.setattr(launch, "SEGMENT_WINDOWS", False)  # the lead form's plan
     monkeypatch.setattr(launch, "HOPPER_LEAD_BESIDE_PREPARE", {64: HEAD_START} if beside_prepare else {})
     registered = _registered_programs(monkeypatch)
     inputs = make_inputs(1, 1100, 1, 1, 64, 64, torch.bfloat16, device=gpu_device)
@@ -1275,6 +1483,7 @@ def test_gpu_nan_never_reaches_earlier_tokens_across_a_packed_lead_segment(gpu_d
     from polykernels.gated_delta_rule import launch
 
     monkeypatch.setattr(launch, "HOPPER_LEAD_SEGMENT", {64: 1})
+    monkeypatch.setattr(launch, "SEGMENT_WINDOWS", False)  # the lead form's plan
     cu = torch.tensor([0, 1100], dtype=torch.int32, device=gpu_device)
     recipe = launch._recipe(torch.Size([1, 1100, 1, 64]), torch.Size([1, 1100, 1, 64]), torch.bfloat16, torch.int32,
                             1, False, True, False, 3, torch.device(gpu_device), platform.current(),
@@ -1369,9 +1578,11 @@ def test_kernels_compile_for_amd(target: str) -> None:
                                         "gdn_recurrence_hopper_rs_after_lead_beside_prepare",
                                         "gdn_recurrence_hopper_rs_lead_packed",
                                         "gdn_segment_state_hopper_rs_after_lead_packed",
-                                        "gdn_recurrence_hopper_rs_after_lead_packed"}
+                                        "gdn_recurrence_hopper_rs_after_lead_packed",
+                                        "gdn_prepare_hopper_growth", "gdn_segment_state_hopper_rs_window"}
     assert set(names) == {"gdn_prepare", "gdn_recurrence", "gdn_segment_state", "gdn_recurrence_wide",
-                          "gdn_segment_state_wide", "gdn_combine", "gdn_recurrence_fp32", "gdn_prepare_fp32"}
+                          "gdn_segment_state_wide", "gdn_combine", "gdn_recurrence_fp32", "gdn_prepare_fp32",
+                          "gdn_prepare_growth", "gdn_segment_state_window"}
     for kernel in names:
         result = probe(kernel, target)
         assert result.compiled and result.consistent, result.detail

@@ -19,6 +19,7 @@ def gluon_release(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The Gluon passes' Triton release, whatever this host has (the H200's plan is what is asked for); recipes
     cached under another release are dropped before and after."""
     monkeypatch.setattr(launch, "_triton_release", lambda: "3.6")
+    monkeypatch.setattr(launch, "SEGMENT_WINDOWS", False)  # the lead form's plans (the windows' test sets it)
     launch._recipe.cache_clear()
     yield
     launch._recipe.cache_clear()
@@ -54,6 +55,14 @@ def test_report_gives_the_recipes_plan_and_launch_order(gluon_release: None) -> 
     assert "stores T" in pairs["launches"][0] and "inside each warp" in pairs["launches"][0]
     text = plan_report.render(packed)
     assert "2 packed sequences, 8192 tokens in all" in text and "  4. output pass: grid (2, 8, 8)" in text
+
+
+def test_report_names_the_segment_windows(gluon_release: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(launch, "SEGMENT_WINDOWS", True)
+    row = _h200(GdnShape(1, 65536, 2, 8))  # eight segments of 128 chunks, no lead form
+    assert (row["segments"], row["segment_chunks"]) == (8, 128) and "below 2^-30" in row["plan"]
+    assert [line.split(":")[0] for line in row["launches"]] == [
+        "prepare pass", "segment-state pass", "combine pass (the scan over segments)", "output pass"]
 
 
 def test_report_on_a_host_without_a_gpu_names_the_torch_path() -> None:
