@@ -42,13 +42,20 @@ def _time(fn: object, clock: object, label: str) -> float | None:
         return None
 
 
+def bench_command(argv: list[str]) -> str:
+    """The command as a record states it: what chose the rows, not the folder they went to (a host's path)."""
+    kept = [arg for i, arg in enumerate(argv) if arg != "--out" and not arg.startswith("--out=")
+            and (i == 0 or argv[i - 1] != "--out")]
+    return " ".join(["nox -s bench", *(["--", *kept] if kept else [])])
+
+
 def run(families: list[str], device: str, cases: list[str] | None = None,
         rows_log: Path | None = None) -> dict[str, object]:
     copy = copy_bandwidth_gbs(device)
     floor = launch_floor_us(device)
     about = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": torch.cuda.get_device_name(0),
              "versions": versions(), "copy_gb_per_s": round(copy, 1), "launch_floor_host_us": round(floor, 1),
-             "command": "nox -s bench -- " + " ".join(sys.argv[1:])}
+             "command": bench_command(sys.argv[1:])}
     if rows_log is not None:
         with rows_log.open("a") as log:
             log.write(json.dumps({"run": about}) + "\n")

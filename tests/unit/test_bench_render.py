@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from benchmarks.run import main, render, to_markdown
+from benchmarks.run import bench_command, main, render, to_markdown
 
 
 def _about(date: str, copy: float, device: str = "NVIDIA H200", triton: str = "3.6.0") -> dict:
@@ -61,3 +61,13 @@ def test_render_writes_the_table_without_a_gpu(tmp_path: Path) -> None:
     assert main(["--render", str(tmp_path / "a"), "--out", str(tmp_path / "out")]) == 0
     assert json.loads((tmp_path / "out" / "results.json").read_text())["rows"][0]["case"] == "B1 T32768"
     assert "| B1 T32768 | polykernels |" in (tmp_path / "out" / "results.md").read_text()
+
+
+@pytest.mark.parametrize(("argv", "command"), [
+    (["--out", "/some/host/folder", "--only", "gdn"], "nox -s bench -- --only gdn"),
+    (["--only", "gdn", "--out=/some/host/folder", "--case", "varlen"], "nox -s bench -- --only gdn --case varlen"),
+    (["--out", "/some/host/folder"], "nox -s bench"),
+    ([], "nox -s bench"),
+])
+def test_a_runs_command_names_what_ran_not_where_its_rows_went(argv: list[str], command: str) -> None:
+    assert bench_command(argv) == command
