@@ -204,21 +204,8 @@ def _window_layout(chunks, warps):
 
 @gluon.jit
 def _window(DECAY_ptr, start, end, i_hv, HV: gl.constexpr, BT: gl.constexpr):
-    """kernels._window in Gluon: (first token, truncated, poisoned) of a segment-state program's chunks with
-    SEGMENT_WINDOW.
-
-    The segment's end state is h_end = M_w h_w + s_w: s_w the state its last w chunks leave from a zero
-    state, h_w the state where they start, and M_w their transition, the product over their tokens of
-    gamma_t (I - beta_t k_t k_t^T). Each factor's norm is at most gamma_t max(1, |1 - beta_t ||k_t||^2|),
-    so ||M_w|| is at most 2^b, b the sum over the w chunks of log2 of the chunk's decay (the row of its
-    first token) and of its growth, the sum of log2(max(1, |1 - beta_t ||k_t||^2|)) over its tokens (the
-    row after: the prepare pass's GROWTH). The fewest last chunks (at most WINDOW_CHUNKS) with
-    b <= WINDOW_LOG2_BOUND are the window: the program runs them alone and the segment's transition is
-    dropped (its programs store M = 0), so the state the segment hands on is s_w, off by at most 2^-30 of
-    the state at the window's start. Where no window is found (gates too slow, a non-finite chunk in
-    them) the segment runs whole, as without SEGMENT_WINDOW. ``poisoned``: a chunk before the window is
-    non-finite (its decay NaN): the dropped transition is then stored as NaN, which carries it on as the
-    whole segment's transition would have."""
+    """kernels._window in Gluon (its docstring says why a window is sound): (first token, truncated, poisoned)
+    of a segment-state program's chunks with SEGMENT_WINDOW."""
     layout: gl.constexpr = _window_layout(WINDOW_CHUNKS, gl.num_warps())
     chunks = ((end - start + BT - 1) // BT).to(gl.int32)
     back = gl.arange(0, WINDOW_CHUNKS, layout=gl.SliceLayout(0, layout))  # chunks from the segment's end

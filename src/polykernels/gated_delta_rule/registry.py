@@ -226,9 +226,8 @@ for _name, _warpgroups, _stages, _await, _segment_state in (
         allowed=_on_hopper, platform_constexprs=_precision,
         options={"num_warps": 4 * _warpgroups},
     ))
-# launch.SEGMENT_WINDOWS (sm_90, batch rows): the prepare pass storing each chunk's growth bound, and the
-# register-state segment-state pass taking each segment's last
-# chunks alone where the gates have decayed the rest away.
+# launch.SEGMENT_WINDOWS (sm_90): the prepare pass storing each chunk's growth bound, and the register-state
+# segment-state pass taking each segment's last chunks alone where the gates have decayed the rest away.
 register(KernelSpec(
     name="gdn_prepare_hopper_growth", module="polykernels.gated_delta_rule.hopper_prepare_kernels",
     function="gdn_prepare_hopper_kernel",

@@ -236,6 +236,12 @@ def test_segment_plan_takes_wide_tiles_for_fewer_waves_with_the_register_state_p
     assert plan_segments(1, 65536, 8, 132, register_tiles=(64,)) == plan_segments(1, 65536, 8, 132)
 
 
+def _needs_register_state_passes(gpu_device: str) -> None:
+    """Skips a GPU test of the register-state passes (Gluon) on a GPU that is not sm_90, where they do not run."""
+    if torch.cuda.get_device_capability(gpu_device) != (9, 0):
+        pytest.skip("the register-state passes run on sm_90 only")
+
+
 def _sm90_recipe(monkeypatch: pytest.MonkeyPatch, batch: int, tokens: int, heads: int, value_heads: int,
                  num_segments: int | None, packed: int | None = None):
     """launch._recipe for bf16 K = V = 128 inputs on an sm_90 of 132 SMs, with the launch tables as they are
@@ -1069,8 +1075,7 @@ def test_gpu_lead_segment_beside_the_segment_states(gpu_device: str, monkeypatch
     # program and a CUDA graph give the same bits. beside_prepare: the lead launched first, beside the prepare
     # pass (launch.HOPPER_LEAD_BESIDE_PREPARE, its rates made to give the first segment a long head start:
     # the others are shorter, and the first takes the rest).
-    if torch.cuda.get_device_capability(gpu_device) != (9, 0):
-        pytest.skip("the register-state passes run on sm_90 only")
+    _needs_register_state_passes(gpu_device)
     from polykernels import platform
     from polykernels.gated_delta_rule import launch
 
@@ -1225,8 +1230,7 @@ def test_gpu_segment_windows(gpu_device: str, monkeypatch: pytest.MonkeyPatch, g
     # segments' (not the same bits: the state handed on is formed another way). slow (about -0.02 a token,
     # about 18 chunks to 2^-30) too, within WINDOW_CHUNKS. zero: no window anywhere, the transitions and the outputs
     # the same bits as without. mixed: the zero gates on half the value heads, those heads as without.
-    if torch.cuda.get_device_capability(gpu_device) != (9, 0):
-        pytest.skip("the register-state passes run on sm_90 only")
+    _needs_register_state_passes(gpu_device)
     inputs = make_inputs(1, 16384, 2, 8, 128, 128, torch.bfloat16, gate="zero" if gate == "zero" else
                          "slow" if gate == "slow" else "random", device=gpu_device)
     if gate == "mixed":
@@ -1254,8 +1258,7 @@ def test_gpu_segment_windows_of_packed_sequences(gpu_device: str, monkeypatch: p
     # The bench's varlen 6144 + 2048 (2 qk / 8 v heads) in segments of 16 chunks: zero transitions where the
     # gates decay, as near the fp64 recurrence as the cut without windows (whose segment states run in the
     # shared-state pass there: not the same kernels, so no bits compared).
-    if torch.cuda.get_device_capability(gpu_device) != (9, 0):
-        pytest.skip("the register-state passes run on sm_90 only")
+    _needs_register_state_passes(gpu_device)
     lengths = [6144, 2048]
     inputs = make_inputs(1, sum(lengths), 2, 8, 128, 128, torch.bfloat16, device=gpu_device)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=gpu_device, dtype=torch.int32)
@@ -1272,8 +1275,7 @@ def test_gpu_segment_windows_of_packed_sequences(gpu_device: str, monkeypatch: p
 def test_gpu_segment_windows_carry_a_nan_before_the_window(gpu_device: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # A non-finite k at token 100 (the first segment's first chunk, far before its window): its value heads'
     # outputs from there on are NaN as without the windows (the dropped transition stored as NaN carries it).
-    if torch.cuda.get_device_capability(gpu_device) != (9, 0):
-        pytest.skip("the register-state passes run on sm_90 only")
+    _needs_register_state_passes(gpu_device)
     inputs = make_inputs(1, 16384, 2, 8, 128, 128, torch.bfloat16, device=gpu_device)
     inputs[1][0, 100, 0] = float("nan")
     (windowed, kept), (whole, _) = _windowed_and_whole(monkeypatch, inputs, 4)
@@ -1288,8 +1290,7 @@ def test_gpu_segment_windows_not_taken_where_beta_grows_the_state(gpu_device: st
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     # beta = 2.2 with ||k|| = 1: each token's factor may grow a state by 1.2, 2^0.26, more than gates of -0.005 a
     # token take off: no window, the same bits as without (and transitions of about e^-20, not 0 in fp32).
-    if torch.cuda.get_device_capability(gpu_device) != (9, 0):
-        pytest.skip("the register-state passes run on sm_90 only")
+    _needs_register_state_passes(gpu_device)
     inputs = list(make_inputs(1, 16384, 2, 8, 128, 128, torch.bfloat16, device=gpu_device))
     inputs[3] = torch.full_like(inputs[3], -0.005)
     inputs[4] = torch.full_like(inputs[4], 2.2)
@@ -1337,8 +1338,7 @@ def test_gpu_packed_sequences_lead_segment(gpu_device: str, monkeypatch: pytest.
     # more, with 64-column V tiles (two packed sequences: three would take 32-column ones at V = 100); against the
     # fp64 recurrence no further from it than the passes without the form; the Python path, the replayed launch
     # program and a CUDA graph give the same bits. "planned": the plan's own segments (15 chunks on 132 SMs).
-    if torch.cuda.get_device_capability(gpu_device) != (9, 0):
-        pytest.skip("the register-state passes run on sm_90 only")
+    _needs_register_state_passes(gpu_device)
     from polykernels import platform
     from polykernels.gated_delta_rule import launch
 
@@ -1449,8 +1449,7 @@ def test_gpu_nan_never_reaches_earlier_tokens_across_a_lead_segment(gpu_device: 
     # later ones through the lead's end state, one in the second through the output programs' scan.
     # beside_prepare: the lead beside the prepare pass, its first segment the longer one (rates as in
     # test_gpu_lead_segment_beside_the_segment_states), each side of every boundary.
-    if torch.cuda.get_device_capability(gpu_device) != (9, 0):
-        pytest.skip("the register-state passes run on sm_90 only")
+    _needs_register_state_passes(gpu_device)
     from polykernels import _programs, platform
     from polykernels.gated_delta_rule import launch
 
@@ -1477,8 +1476,7 @@ def test_gpu_nan_never_reaches_earlier_tokens_across_a_packed_lead_segment(gpu_d
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     # The same sequence given as packed (cu_seqlens): the lead at its first slot, the passes after it numbering
     # the segments after the first, three segments of six chunks; each side of every boundary.
-    if torch.cuda.get_device_capability(gpu_device) != (9, 0):
-        pytest.skip("the register-state passes run on sm_90 only")
+    _needs_register_state_passes(gpu_device)
     from polykernels import platform
     from polykernels.gated_delta_rule import launch
 
