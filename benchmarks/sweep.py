@@ -1,7 +1,9 @@
 """python -m benchmarks.sweep [gdn|gdn-launch|norm] [--axis TEXT]: the launch choices the kernels' tables come from.
 
 gdn: GPU time per segments-per-sequence choice at the benchmark shapes (plan_segments and
-MIN_SEGMENT_CHUNKS in gated_delta_rule/launch.py). gdn-launch: per V tile, warps and stages of the
+MIN_SEGMENT_CHUNKS in gated_delta_rule/launch.py), the plan's own ("plan") first; --case keeps the shapes
+whose name contains the text, --segments the counts to time (default 1,2,4,8,16), --gates the gates' family
+(benchmarks.registry.GDN_GATES). gdn-launch: per V tile, warps and stages of the
 two passes (launch.py's RECURRENCE_* and PREPARE_LAUNCH), with each kernel's share of the time.
 norm: per rows per block, warps, programs per SM and stages (norm/kernels.py: NORM_LAUNCH,
 NORM_PERSISTENT).
@@ -16,31 +18,35 @@ import json
 
 import torch
 
-from benchmarks.registry import GDN_SHAPES, gdn_inputs
+from benchmarks.registry import GDN_GATES, GDN_SHAPES, gdn_inputs
 from benchmarks.timing import graph_ms
 from polykernels import platform
 
 
-def sweep_gdn(device: str) -> list[dict]:
+def sweep_gdn(device: str, cases: list[str] | None = None, counts: tuple[int, ...] = (1, 2, 4, 8, 16),
+              gates: str | None = None) -> list[dict]:
     from polykernels.gated_delta_rule import chunk_gated_delta_rule
     from polykernels.gated_delta_rule.launch import plan_segments, triton_pass_launches
 
     results = []
     for name, batch, tokens, heads, value_heads, lengths in GDN_SHAPES:
-        q, k, v, g, beta = gdn_inputs(batch, tokens, heads, value_heads, device)
+        if cases and not any(case in name for case in cases):
+            continue
+        q, k, v, g, beta = gdn_inputs(batch, tokens, heads, value_heads, device, gates=gates)
         cu = None
         if lengths is not None:
             cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=device, dtype=torch.int32)
         num_seqs = batch if cu is None else len(lengths)
+        # "auto": plan_segments' count alone; the recipe (windows, the lead form) may run another: "plan" times it.
         auto = plan_segments(num_seqs, batch * tokens, value_heads, platform.sm_count(torch.device(device)),
                              block_vs=triton_pass_launches(platform.current().arch, 128)[0])
-        row = {"shape": name, "auto": auto.segments}
-        for segments in (1, 2, 4, 8, 16):
-            if segments > tokens // num_seqs // 64:
+        row = {"shape": name, "gates": gates or "fast", "auto": auto.segments}
+        for segments in (None, *counts):
+            if segments is not None and segments > tokens // num_seqs // 64:
                 continue
             ms = graph_ms(functools.partial(chunk_gated_delta_rule, q, k, v, g, beta, output_final_state=True,
                                             cu_seqlens=cu, num_segments=segments))
-            row[str(segments)] = round(ms, 4)
+            row["plan" if segments is None else str(segments)] = round(ms, 4)
         print(json.dumps(row), flush=True)
         results.append(row)
     return results
@@ -165,11 +171,16 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m benchmarks.sweep")
     parser.add_argument("which", nargs="*", choices=["gdn", "gdn-launch", "norm"], default=["gdn", "norm"])
     parser.add_argument("--axis", action="append", help="gdn-launch: keep the axes whose name contains this")
+    parser.add_argument("--case", action="append", help="gdn: keep the shapes whose name contains this")
+    parser.add_argument("--segments", type=lambda text: tuple(int(n) for n in text.split(",")),
+                        default=(1, 2, 4, 8, 16),
+                        help="gdn: the segment counts to time beside the plan's, comma-separated")
+    parser.add_argument("--gates", choices=GDN_GATES, help="gdn: the gates' family (default: the bench's)")
     args = parser.parse_args()
     which = args.which
     out = {}
     if "gdn" in which:
-        out["gdn"] = sweep_gdn("cuda")
+        out["gdn"] = sweep_gdn("cuda", args.case, args.segments, args.gates)
     if "norm" in which:
         out["norm"] = sweep_norm("cuda")
     if "gdn-launch" in which:

@@ -203,9 +203,9 @@ def _window_layout(chunks, warps):
 
 
 @gluon.jit
-def _window(DECAY_ptr, start, end, i_hv, HV: gl.constexpr, BT: gl.constexpr):
-    """kernels._window in Gluon (its docstring says why a window is sound): (first token, truncated, poisoned)
-    of a segment-state program's chunks with SEGMENT_WINDOW."""
+def _window_start(DECAY_ptr, start, end, i_hv, HV: gl.constexpr, BT: gl.constexpr):
+    """kernels._window's search in Gluon (its docstring says why a window is sound): (first token, truncated) of the
+    chunks [start, end) with SEGMENT_WINDOW."""
     layout: gl.constexpr = _window_layout(WINDOW_CHUNKS, gl.num_warps())
     chunks = ((end - start + BT - 1) // BT).to(gl.int32)
     back = gl.arange(0, WINDOW_CHUNKS, layout=gl.SliceLayout(0, layout))  # chunks from the segment's end
@@ -219,16 +219,61 @@ def _window(DECAY_ptr, start, end, i_hv, HV: gl.constexpr, BT: gl.constexpr):
     window_bound = gl.sum(gl.where(back[None, :] <= rows[:, None], bound[None, :], 0.0), axis=1)
     last = gl.min(gl.where((rows < chunks) & (window_bound <= WINDOW_LOG2_BOUND), rows, WINDOW_CHUNKS), axis=0)
     truncated = last < WINDOW_CHUNKS
-    poisoned = chunks < 0  # False
-    if truncated:  # a chunk of the segment non-finite (in the window none is)
-        scan: gl.constexpr = _vector_layout(gl.num_warps())
-        block: gl.constexpr = 32 * gl.num_warps()
-        for first in range(0, chunks, block):
-            c = first + gl.arange(0, block, layout=scan)
-            d = gl.load(DECAY_ptr + (start + c.to(gl.int64) * BT) * HV + i_hv, mask=c < chunks, other=1.0)
-            poisoned = poisoned | (gl.max(gl.where(d * 0.0 == 0.0, 0, 1), axis=0) > 0)
-    window_start = gl.where(truncated, start + (chunks - 1 - last).to(gl.int64) * BT, start)
+    return gl.where(truncated, start + (chunks - 1 - last).to(gl.int64) * BT, start), truncated
+
+
+@gluon.jit
+def _non_finite(DECAY_ptr, start, chunks, i_hv, HV: gl.constexpr, BT: gl.constexpr, PER_THREAD: gl.constexpr):
+    """Whether any of the ``chunks`` chunks from token ``start`` has a non-finite decay."""
+    scan: gl.constexpr = gl.BlockedLayout(size_per_thread=[PER_THREAD], threads_per_warp=[32],
+                                          warps_per_cta=[gl.num_warps()], order=[0])
+    block: gl.constexpr = PER_THREAD * 32 * gl.num_warps()
+    found = chunks < 0  # False
+    for first in range(0, chunks, block):
+        c = first + gl.arange(0, block, layout=scan)
+        d = gl.load(DECAY_ptr + (start + c.to(gl.int64) * BT) * HV + i_hv, mask=c < chunks, other=1.0)
+        found = found | (gl.max(gl.where(d * 0.0 == 0.0, 0, 1), axis=0) > 0)
+    return found
+
+
+@gluon.jit
+def _window(DECAY_ptr, bos, start, end, i_hv, HV: gl.constexpr, BT: gl.constexpr):
+    """kernels._window in Gluon: (first token, truncated, poisoned) of a segment-state program's chunks with
+    SEGMENT_WINDOW, but poisoned where a chunk of the sequence before the window (from its first token, ``bos``)
+    is non-finite, not only one of the segment: an output pass that scans from the last window
+    (``_state_after_windows``) finds every earlier NaN there."""
+    window_start, truncated = _window_start(DECAY_ptr, start, end, i_hv, HV, BT)
+    poisoned = truncated & (start < 0)  # False
+    if truncated:  # a chunk before the window non-finite (in the window none is)
+        poisoned = _non_finite(DECAY_ptr, bos, ((window_start - bos) // BT).to(gl.int32), i_hv, HV, BT, 4)
     return window_start, truncated, poisoned
+
+
+@gluon.jit
+def _state_after_windows(HLOC_ptr, M_ptr, DECAY_ptr, slot, j, start, i_hv, col0, SEG_TOKENS, HV: gl.constexpr,
+                         K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
+                         DOT_PRECISION: gl.constexpr, state_l: gl.constexpr):
+    """Segment j's initial h^T (j >= 1; 0 for j = 0) after a windowed segment-state pass and no initial state
+    (AFTER_WINDOWS): the combine pass's scan, here each output program's, from the last segment before j whose
+    window dropped its past (its end state is its h_local, its transition 0), or from the first segment (from a
+    zero start its end state is its h_local) where none did. The windows are found as the segment-state
+    programs found them (``_window_start``, the same loads and sums). A non-finite chunk before the scan's start
+    reaches the state through that h_local, NaN then (``_window``)."""
+    bos = start - j * SEG_TOKENS
+    s = j - 1
+    found = s < 0  # False
+    window_start = bos
+    while (s >= 0) & (found == 0):
+        segment_start = bos + s * SEG_TOKENS
+        first_token, truncated = _window_start(DECAY_ptr, segment_start, segment_start + SEG_TOKENS, i_hv, HV, BT)
+        found = truncated
+        window_start = gl.where(truncated, first_token, window_start)
+        s = gl.where(truncated, s, s - 1)
+    s = gl.maximum(s, 0)
+    # j = 0 scans one step's worth for nothing (one copy) and starts from zero.
+    state = _scan_from_lead(HLOC_ptr, M_ptr, slot - j + s, gl.maximum(j - s, 1), i_hv, col0, HV, K, V, BV,
+                            DOT_PRECISION, state_l)
+    return gl.where(j > 0, state, 0.0)
 
 
 @gluon.jit
@@ -396,7 +441,7 @@ def gdn_recurrence_hopper_rs_kernel(
     SEGMENT_STATE: gl.constexpr, STORE_FINAL: gl.constexpr, DOT_PRECISION: gl.constexpr,
     STAGES: gl.constexpr, AWAIT: gl.constexpr, FROM_V: gl.constexpr = False, LEAD: gl.constexpr = False,
     AFTER_LEAD: gl.constexpr = False, FIRST_TAKES_REST: gl.constexpr = False,
-    SEGMENT_WINDOW: gl.constexpr = False,
+    SEGMENT_WINDOW: gl.constexpr = False, AFTER_WINDOWS: gl.constexpr = False,
 ):
     gl.static_assert(K == BK, "the Hopper pass takes whole K rows (K a power of two)")
     WARPS: gl.constexpr = gl.num_warps()
@@ -407,8 +452,10 @@ def gdn_recurrence_hopper_rs_kernel(
                      "segment states wait for ready flags only after a lead beside the prepare pass")
     gl.static_assert(not (FROM_V and (AWAIT or SEGMENT_STATE)), "FROM_V: uncut output passes only")
     gl.static_assert(not (LEAD and (SEGMENT_STATE or FROM_V or AFTER_LEAD)), "LEAD: an output pass")
-    gl.static_assert(not SEGMENT_WINDOW or (SEGMENT_STATE and not AWAIT),
+    gl.static_assert(not SEGMENT_WINDOW or (SEGMENT_STATE and not AWAIT and not FIRST_TAKES_REST),
                      "SEGMENT_WINDOW: a segment-state pass after the prepare pass (its GROWTH in the decays)")
+    gl.static_assert(not AFTER_WINDOWS or not (SEGMENT_STATE or LEAD or AFTER_LEAD or AWAIT or HAS_INITIAL),
+                     "AFTER_WINDOWS: the output pass after a windowed segment-state pass, no initial state")
     state_l: gl.constexpr = _mma_layout(BK, WARPS)  # h^T: BV x K
     chunk_l: gl.constexpr = _mma_layout(BT, WARPS)  # v_new^T, o^T: BV x BT
     # Left operands from registers: an accumulator's registers are already the operand's.
@@ -445,13 +492,13 @@ def gdn_recurrence_hopper_rs_kernel(
                                                                          v_rows)
         state = gl.where(is_transition & (cols[:, None] == k_idx[None, :]), 1.0, 0.0)
         if SEGMENT_WINDOW:
-            start, truncated, poisoned = _window(DECAY_ptr, start, end, i_hv, HV, BT)
-            # A truncated segment's transition is dropped: its programs run no chunk and store 0 (NaN where a
-            # chunk before the window is non-finite).
+            start, truncated, poisoned = _window(DECAY_ptr, start - j * SEG_TOKENS, start, end, i_hv, HV, BT)
+            # A truncated segment's transition is dropped: its programs run no chunk and store 0. Where a chunk of
+            # the sequence before the window is non-finite, both its state and its transition are NaN.
             dropped = truncated & is_transition
             end = gl.where(dropped, start, end)
             nan = gl.full([BV, BK], _NAN_BITS, gl.int32, layout=state_l).to(gl.float32, bitcast=True)
-            state = gl.where(dropped, gl.where(poisoned, nan, 0.0), state)
+            state = gl.where(truncated & (is_transition | poisoned), gl.where(poisoned, nan, 0.0), state)
     else:
         col0 = i_col * BV
         cols = col0 + gl.arange(0, BV, layout=v_rows)
@@ -463,10 +510,13 @@ def gdn_recurrence_hopper_rs_kernel(
             else:
                 state = _scan_from_lead(HLOC_ptr, M_ptr, n * SEGS_PER_SEQ, j, i_hv, col0, HV, K, V, BV,
                                         DOT_PRECISION, state_l)
+        elif AFTER_WINDOWS:  # no combine pass: the scan back to the last window, here
+            state = _state_after_windows(HLOC_ptr, M_ptr, DECAY_ptr, i_s, gl.where(valid, j, 0), start, i_hv, col0,
+                                         SEG_TOKENS, HV, K, V, BT, BV, DOT_PRECISION, state_l)
         # The state is stored K x V: h^T's element (v, k) sits at k * V + v.
         tile = k_idx[None, :] * V + cols[:, None]
         tile_mask = (k_idx[None, :] < K) & (cols[:, None] < V) & valid
-        if not AFTER_LEAD:
+        if not (AFTER_LEAD or AFTER_WINDOWS):
             if HAS_INITIAL:  # a segment's initial state (the sequence's, for a lead)
                 state = gl.load(HINIT_ptr + ((n if LEAD else i_s) * HV + i_hv) * K * V + tile, mask=tile_mask,
                                 other=0.0)

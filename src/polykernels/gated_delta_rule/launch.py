@@ -474,10 +474,17 @@ HOPPER_WARP_BLOCK_INVERSE = True
 # under slow gates, -0.1 to -3.6% under mixed (a quarter of the heads never forget); the Triton passes -27.4%
 # at 1x32768 2/8 (BENCHMARKS.md, "segment windows against the lead form").
 SEGMENT_WINDOWS = True
-# SEGMENT_WINDOWS for packed sequences in the Gluon passes too. Off: packed sequences keep the lead form's plan
-# there, which the windows' plan lost to at varlen 6144+2048 2/8 where a head's gates are slow (+10.6%) or
-# never forget (+9.5%, mixed gates), for -4.4% under the bench's gates (same section).
-HOPPER_PACKED_WINDOWS = False
+# Where the Gluon passes take the windows and there is no initial state: no combine pass; each output program
+# finds the last segment before its own whose window dropped its past and scans the segment states from there
+# (hopper_register_kernels._state_after_windows; under the bench's gates, one copy of a segment state). On an
+# H100 against the combine pass: 1x32768 2/8 -6.1%, 1x65536 2/8 -2.4%, 1x32768 4/16 -1.9% (the same bits);
+# slow gates -2.2 to -6.2%; mixed -1.6% to +0.5% (BENCHMARKS.md, "the output pass scans the windows").
+HOPPER_SCAN_WINDOWS = True
+# SEGMENT_WINDOWS for packed sequences in the Gluon passes too, where the output pass scans them (no initial
+# state, HOPPER_SCAN_WINDOWS); elsewhere packed sequences keep the lead form's plan. Against the lead form at
+# varlen 6144+2048 2/8 on an H100: -20.6% under the bench's gates, -6.3% slow, -5.4% mixed (same section); with
+# the combine pass the windows lost there (+10.6% slow, +9.5% mixed, "segment windows against the lead form").
+HOPPER_PACKED_WINDOWS = True
 # Beside the sequential pass (concurrent_warp_blocks) the faster prepare pass runs further ahead of the
 # sequential programs that read what it stores, and the two passes' shared traffic decides: on an H200
 # (4.8 TB/s) the per-warp levels made the op 8.5% shorter at B1 T32768 32/32 (9.1% at T131072), on an H100
@@ -598,7 +605,9 @@ def launch_chunk_gated_delta_rule(
         read, factor = ((scratch.w, v, *prepared[2:]), scratch.u) if recipe.from_v else (prepared, final)
         # lead: the output pass scans the segment states itself (no combine pass), from the first segments'
         # end states, which the lead pass leaves in h_local's slots of those segments.
-        read_segments = (scratch.h_local, scratch.transitions) if recipe.lead else (factor, final)
+        # after_windows: the same, back to the last segment whose window dropped its past.
+        scans = recipe.lead or recipe.after_windows
+        read_segments = (scratch.h_local, scratch.transitions) if scans else (factor, final)
         return _Arguments(
             prepare=(q, k, v, g, beta, *prepared, cu, tokens, num_seqs, recipe.chunks_per_seq, scale,
                      *((scratch.flags, recipe.sequential_programs) if recipe.hopper_prepare else ())),
@@ -651,7 +660,7 @@ def launch_tables(block_k: int, arch: str | None) -> tuple:
             tuple(HOPPER_REGISTER_CUT.items()), tuple(HOPPER_REGISTER_SEGMENT_STAGES.items()), HOPPER_PAIRS_FROM_V,
             tuple(HOPPER_LEAD_SEGMENT.items()), tuple(HOPPER_LEAD_BESIDE_PREPARE.items()), HOPPER_WARP_BLOCK_INVERSE,
             HOPPER_CONCURRENT_WARP_BLOCKS_GBPS, gluon_allowed(), SEGMENT_WINDOWS,
-            HOPPER_PACKED_WINDOWS)
+            HOPPER_PACKED_WINDOWS, HOPPER_SCAN_WINDOWS)
 
 
 def concurrent_warp_blocks(heads: int, value_heads: int, dram_gbps: float | None,
@@ -693,7 +702,7 @@ def _launches(recipe: _Recipe, run: SimpleNamespace,
             launches.append(lead)
         launches.append((segment_state, recipe.segment_state_grid, "segment_state", recipe.segment_state_meta,
                          (spec, True)))
-        if not recipe.lead:  # the lead form's output pass scans the segment states itself
+        if not (recipe.lead or recipe.after_windows):  # those output passes scan the segment states themselves
             launches.append((run.combine, recipe.combine_grid, "combine", recipe.combine_meta, spec))
     launches.append((sequential, recipe.recurrence_grid, "recurrence", recipe.recurrence_meta, (spec, False)))
     return launches
@@ -731,6 +740,7 @@ class _Recipe:
     workspace: Layout  # every intermediate (_Scratch)
     from_v: bool = False  # HOPPER_PAIRS_FROM_V: the prepare pass stores T, the sequential pass reads v
     segment_windows: bool = False  # SEGMENT_WINDOWS: the prepare pass's GROWTH, the segment states' windows
+    after_windows: bool = False  # ... and (Gluon, no initial state) the output pass scans them, no combine pass
     inverse_beside: str = ""  # concurrent: why the prepare pass's inverse takes its levels whole or per warp
     plan: SegmentPlan | None = None  # what plan_segments chose, and why (plan_report)
 
@@ -750,7 +760,7 @@ def _recipe(
     lead_segment: tuple[tuple[int, int], ...] = (),
     lead_beside_prepare: tuple[tuple[int, LeadRates], ...] = (), warp_block_inverse: bool = False,
     concurrent_warp_blocks_gbps: float = math.inf, gluon: bool = True, segment_windows: bool = False,
-    packed_windows: bool = False, *,
+    packed_windows: bool = False, scan_windows: bool = False, *,
     sms: int | None = None,
     dram_gbps: float | None = None,
 ) -> _Recipe:
@@ -783,10 +793,11 @@ def _recipe(
 
     # SEGMENT_WINDOWS: the Gluon passes (K = V = 128) cut without the lead form, their segment states in the
     # register-state pass (whose segment-state programs take the windows) whatever the segments' length, where
-    # that pass runs the plan's tile, and packed sequences only with HOPPER_PACKED_WINDOWS; the lead form's plan
-    # otherwise. The Triton passes (no lead form) take the windows wherever the plan cuts.
+    # that pass runs the plan's tile, and packed sequences only with HOPPER_PACKED_WINDOWS where the output pass
+    # scans them (no initial state, HOPPER_SCAN_WINDOWS); the lead form's plan otherwise. The Triton passes (no
+    # lead form) take the windows wherever the plan cuts.
     gluon_windows = (segment_windows and gluon_prepare and key_dim == value_dim == 128
-                     and (packed_windows or not varlen))
+                     and (not varlen or (packed_windows and scan_windows and not has_initial)))
     plan = plan_for(None) if gluon_windows else plan_for(lead_tiles)
     if gluon_windows and not (plan.segments > 1 and not plan.concurrent and plan.warpgroups == 1
                               and plan.block_v in dict(hopper_register_stages)
@@ -798,6 +809,9 @@ def _recipe(
         plan = replace(plan, reason=plan.reason + "; each segment state from its last chunks where the gates have "
                                                   "decayed the rest below 2^-30 (the segments whole where not)")
     segment_chunks = plan.segment_chunks if plan.segments > 1 else 0
+    # With no initial state the first segment's end state is its h_local, so the Gluon output programs scan back to
+    # the last window themselves (hopper_register_kernels._state_after_windows) and no combine pass runs.
+    after_windows = gluon_windows and not has_initial and scan_windows
     block_k, block_v = _block(key_dim), plan.block_v * plan.warpgroups
     precision = guards.dot_precision(fp32_inputs=dtype == torch.float32)
     chunks_per_seq = -(-tokens // CHUNK)
@@ -855,7 +869,8 @@ def _recipe(
               and key_dim == 128 and value_dim % block_v == 0)
     if hopper_registers:
         recurrence_tail = {**recurrence_tail, "AWAIT": plan.concurrent, "FROM_V": from_v, "LEAD": False,
-                           "AFTER_LEAD": lead, "FIRST_TAKES_REST": beside_prepare}
+                           "AFTER_LEAD": lead, "FIRST_TAKES_REST": beside_prepare,
+                           **({"AFTER_WINDOWS": True} if after_windows else {})}
         if segment_chunks:  # the register-state segment-state pass, or hopper_kernels'
             # lead: the first segments' output pass's programmatic dependent, beside it (beside_prepare: the
             # prepare pass's, each chunk's copies after its flag).
@@ -889,7 +904,7 @@ def _recipe(
               device, seen, block_vs, launch, prepare_launch, hopper_stages, hopper_prepare, hopper_register_stages,
               hopper_register_pairs, hopper_concurrent, combine_launch, hopper_register_cut,
               hopper_register_segment_stages, pairs_from_v, lead_segment, lead_beside_prepare,
-              warp_block_inverse, concurrent_warp_blocks_gbps, gluon, segment_windows, packed_windows),
+              warp_block_inverse, concurrent_warp_blocks_gbps, gluon, segment_windows, packed_windows, scan_windows),
         chunks_per_seq=chunks_per_seq, segment_chunks=segment_chunks,
         segments_per_seq=segments_per_seq, max_segments=max_segments, segment_tokens=segment_tokens,
         prepare_grid=(max_chunks, value_heads),
@@ -913,7 +928,8 @@ def _recipe(
                       "VARLEN": varlen, "DOT_PRECISION": precision,
                       "num_warps": combine["num_warps"], "num_stages": combine["num_stages"]},
         recurrence_grid=(value_tiles, outputs_after_lead if lead else max_segments, value_heads),
-        recurrence_meta={**recurrence, "HAS_INITIAL": has_initial or bool(segment_chunks), "SEGMENT_STATE": False,
+        recurrence_meta={**recurrence, "HAS_INITIAL": has_initial or (bool(segment_chunks) and not after_windows),
+                         "SEGMENT_STATE": False,
                          "STORE_FINAL": output_final_state, **recurrence_tail},
         hopper=hopper,
         hopper_registers=hopper_registers,
@@ -925,11 +941,12 @@ def _recipe(
         sequential_programs=value_tiles * max_segments * value_heads if plan.concurrent else 0,
         from_v=from_v,
         segment_windows=windows,
+        after_windows=after_windows,
         inverse_beside=inverse_beside,
         plan=plan,
         workspace=_workspace(total, value_heads, key_dim, value_dim, dtype, max_segments, bool(segment_chunks),
                              flag_count, from_v,
-                             combined=not lead),
+                             combined=not (lead or after_windows)),
     )
 
 

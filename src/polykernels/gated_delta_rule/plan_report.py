@@ -108,7 +108,9 @@ def _launch_line(name: str, grid: tuple[int, ...], meta: dict[str, object]) -> s
     # The Gluon prepare pass's forms: what it stores for the pairs, and where its inverse's first levels run.
     stores = ", stores T = (I + A)^-1 diag(beta), the pass after it forms v_new" if meta.get("STORE_T") else ""
     inverse = ", the inverse's levels joining 1 to 8 rows inside each warp" if meta.get("WARP_BLOCKS") else ""
-    return f"{_PASSES[name]}: grid {tuple(grid)}{shape}{dependent}{waits}{stores}{inverse}"
+    scans = (", each program's initial state scanned from the segment states back to the last window (no combine "
+             "pass)" if meta.get("AFTER_WINDOWS") else "")
+    return f"{_PASSES[name]}: grid {tuple(grid)}{shape}{dependent}{waits}{stores}{inverse}{scans}"
 
 
 def render(row: dict[str, object]) -> str:

@@ -251,6 +251,22 @@ register(KernelSpec(
     allowed=_on_hopper, platform_constexprs=_precision,
     options={"num_warps": 4},
 ))
+# launch.HOPPER_SCAN_WINDOWS (sm_90, no initial state): the output pass after the windowed segment states, each
+# program scanning them back to the last window (no combine pass); batch rows and packed sequences.
+for _name, _packed in (("gdn_recurrence_hopper_rs_after_windows", False),
+                       ("gdn_recurrence_hopper_rs_after_windows_packed", True)):
+    register(KernelSpec(
+        name=_name, module="polykernels.gated_delta_rule.hopper_register_kernels",
+        function="gdn_recurrence_hopper_rs_kernel",
+        signature={**_RS_SIGNATURE, **_constexpr("FROM_V", "LEAD", "AFTER_LEAD", "FIRST_TAKES_REST",
+                                                 "AFTER_WINDOWS")},
+        constexprs={**_SHAPE, "V": 128, "BV": _WIDE_BV, "NV": 128 // _WIDE_BV, "VARLEN": _packed,
+                    "LOG_N": 4 if _packed else 1, "HAS_INITIAL": False, "SEGMENT_STATE": False, "STORE_FINAL": True,
+                    "STAGES": HOPPER_REGISTER_STAGES[_WIDE_BV], "AWAIT": False, "FROM_V": False, "LEAD": False,
+                    "AFTER_LEAD": False, "FIRST_TAKES_REST": False, "AFTER_WINDOWS": True},
+        allowed=_on_hopper, platform_constexprs=_precision,
+        options={"num_warps": 4},
+    ))
 # launch.HOPPER_PAIRS_FROM_V (sm_90, K = 128): the prepare pass storing T and k's factor in w, and the
 # two-warpgroup register-state pass forming v_new from v and T.
 register(KernelSpec(

@@ -243,7 +243,7 @@ def _needs_register_state_passes(gpu_device: str) -> None:
 
 
 def _sm90_recipe(monkeypatch: pytest.MonkeyPatch, batch: int, tokens: int, heads: int, value_heads: int,
-                 num_segments: int | None, packed: int | None = None):
+                 num_segments: int | None, packed: int | None = None, has_initial: bool = False):
     """launch._recipe for bf16 K = V = 128 inputs on an sm_90 of 132 SMs, with the launch tables as they are
     (``packed``: that many sequences packed in one batch row of ``tokens``, int32 cu_seqlens)."""
     from polykernels import platform
@@ -255,7 +255,7 @@ def _sm90_recipe(monkeypatch: pytest.MonkeyPatch, batch: int, tokens: int, heads
     seen = Platform(backend="cuda", arch="sm_90", device_name=None, warp_size=32, runtime_version=None)
     return launch._recipe(
         torch.Size([batch, tokens, heads, 128]), torch.Size([batch, tokens, value_heads, 128]), torch.bfloat16,
-        None if packed is None else torch.int32, batch if packed is None else packed, False, True, False,
+        None if packed is None else torch.int32, batch if packed is None else packed, has_initial, True, False,
         num_segments, torch.device("cpu"), seen, *launch.launch_tables(128, seen.arch))
 
 
@@ -1107,8 +1107,7 @@ def test_gpu_lead_segment_beside_the_segment_states(gpu_device: str, monkeypatch
 def test_segment_windows_cut_without_the_lead_form(monkeypatch: pytest.MonkeyPatch) -> None:
     # launch.SEGMENT_WINDOWS on sm_90: cut sequences without the lead form, one wave of segments, the
     # register-state passes over them whatever their length, the prepare pass storing each chunk's growth and
-    # the segment-state programs finding their windows. Packed sequences keep the lead form unless
-    # launch.HOPPER_PACKED_WINDOWS. Off, the lead form.
+    # the segment-state programs finding their windows. Off, the lead form.
     from polykernels.gated_delta_rule import launch
 
     thin = _sm90_recipe(monkeypatch, 1, 32768, 2, 8, None)
@@ -1116,16 +1115,34 @@ def test_segment_windows_cut_without_the_lead_form(monkeypatch: pytest.MonkeyPat
     assert thin.segment_state_meta["SEGMENT_WINDOW"] and thin.prepare_meta["GROWTH"]
     assert "gates have decayed the rest below 2^-30" in thin.plan.reason
     assert "SEGMENT_WINDOW" not in thin.recurrence_meta  # the output pass is the same kernel as without
+    # No initial state (launch.HOPPER_SCAN_WINDOWS): the output programs scan the segment states, no combine pass
+    # and no workspace for its initial states; with one, the combine pass as before.
+    names = [name for _, _, name, _, _ in launch._launches(thin, launch._launchers(), ())]
+    assert names == ["prepare", "segment_state", "recurrence"] and thin.after_windows
+    assert thin.recurrence_meta["AFTER_WINDOWS"] and not thin.recurrence_meta["HAS_INITIAL"]
+    assert thin.workspace.parts[launch._Scratch._fields.index("h_init")].shape[0] == 0
+    initial = _sm90_recipe(monkeypatch, 1, 32768, 2, 8, None, has_initial=True)
+    assert initial.segment_windows and not initial.after_windows and "AFTER_WINDOWS" not in initial.recurrence_meta
+    assert [name for _, _, name, _, _ in launch._launches(initial, launch._launchers(), ())] == [
+        "prepare", "segment_state", "combine", "recurrence"]
     wide = _sm90_recipe(monkeypatch, 1, 32768, 4, 16, None)
     assert (wide.segment_windows, wide.lead, wide.beside_prepare, wide.segments_per_seq) == (True, False, False, 4)
     short = _sm90_recipe(monkeypatch, 1, 8192, 2, 8, None)  # 8 segments of 16 chunks
     assert short.segment_windows and not short.lead and short.segment_registers and short.hopper_registers
     assert short.segment_chunks == 16
+    # Packed sequences take the windows where the output pass scans them (no initial state); with an initial
+    # state, or with HOPPER_PACKED_WINDOWS or HOPPER_SCAN_WINDOWS off, the lead form.
     packed = _sm90_recipe(monkeypatch, 1, 8192, 2, 8, None, packed=2)  # 6144 + 2048 tokens: 4 of 16 on average
+    assert packed.segment_windows and not packed.lead and packed.segment_chunks == 16 and packed.after_windows
+    packed = _sm90_recipe(monkeypatch, 1, 8192, 2, 8, None, packed=2, has_initial=True)
     assert packed.lead and not packed.segment_windows and not packed.prepare_meta["GROWTH"]
-    monkeypatch.setattr(launch, "HOPPER_PACKED_WINDOWS", True)
+    monkeypatch.setattr(launch, "HOPPER_PACKED_WINDOWS", False)
     packed = _sm90_recipe(monkeypatch, 1, 8192, 2, 8, None, packed=2)
-    assert packed.segment_windows and not packed.lead and packed.segment_chunks == 16
+    assert packed.lead and not packed.segment_windows
+    monkeypatch.setattr(launch, "HOPPER_PACKED_WINDOWS", True)
+    monkeypatch.setattr(launch, "HOPPER_SCAN_WINDOWS", False)
+    assert not _sm90_recipe(monkeypatch, 1, 32768, 2, 8, None).after_windows
+    assert _sm90_recipe(monkeypatch, 1, 8192, 2, 8, None, packed=2).lead
     monkeypatch.setattr(launch, "SEGMENT_WINDOWS", False)
     off = _sm90_recipe(monkeypatch, 1, 32768, 2, 8, None)
     assert off.lead and not off.segment_windows and off.segments_per_seq == 9
@@ -1251,6 +1268,38 @@ def test_gpu_segment_windows(gpu_device: str, monkeypatch: pytest.MonkeyPatch, g
         if got.numel():
             assert relative_rms_error(got, oracle) < BOUND[torch.bfloat16]
             assert relative_rms_error(got, oracle) <= 1.1 * relative_rms_error(want, oracle)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gate", ["random", "slow", "mixed"])
+def test_gpu_segment_windows_scanned_by_the_output_pass(gpu_device: str, monkeypatch: pytest.MonkeyPatch,
+                                                       gate: str) -> None:
+    # No initial state (launch.HOPPER_SCAN_WINDOWS): no combine pass; each output program finds the last segment
+    # before its own whose window dropped its past and takes its state from there. Where every segment takes a
+    # window (random, slow), that is the state the combine pass forms from a zero transition: the same bits as with
+    # the combine pass. mixed: the heads that never forget scan every segment's transition, as the combine pass
+    # does, in another kernel. Every head as near the fp64 recurrence as the cut without windows.
+    from polykernels.gated_delta_rule import launch
+
+    _needs_register_state_passes(gpu_device)
+    inputs = make_inputs(1, 16384, 2, 8, 128, 128, torch.bfloat16, gate="slow" if gate == "slow" else "random",
+                         device=gpu_device)
+    if gate == "mixed":
+        inputs[3][:, :, 4:] = 0.0
+    cut = (128**-0.5, None, True, None, False, 4)
+    scanned = launch_chunk_gated_delta_rule(*inputs, *cut)
+    monkeypatch.setattr(launch, "HOPPER_SCAN_WINDOWS", False)
+    combined = launch_chunk_gated_delta_rule(*inputs, *cut)
+    monkeypatch.setattr(launch, "SEGMENT_WINDOWS", False)
+    monkeypatch.setattr(launch, "HOPPER_LEAD_SEGMENT", {})
+    whole = launch_chunk_gated_delta_rule(*inputs, *cut)
+    decaying = slice(0, 4) if gate == "mixed" else slice(0, 8)
+    assert torch.equal(scanned[0][..., decaying, :], combined[0][..., decaying, :])
+    assert torch.equal(scanned[1][:, decaying], combined[1][:, decaying])
+    exact = naive_recurrent_gated_delta_rule(*(t.double() for t in inputs), 128**-0.5, None, True, None, False)
+    for got, want, oracle in zip(scanned, whole, exact, strict=True):
+        assert relative_rms_error(got, oracle) < BOUND[torch.bfloat16]
+        assert relative_rms_error(got, oracle) <= 1.1 * relative_rms_error(want, oracle)
 
 
 @pytest.mark.gpu
@@ -1577,7 +1626,9 @@ def test_kernels_compile_for_amd(target: str) -> None:
                                         "gdn_recurrence_hopper_rs_lead_packed",
                                         "gdn_segment_state_hopper_rs_after_lead_packed",
                                         "gdn_recurrence_hopper_rs_after_lead_packed",
-                                        "gdn_prepare_hopper_growth", "gdn_segment_state_hopper_rs_window"}
+                                        "gdn_prepare_hopper_growth", "gdn_segment_state_hopper_rs_window",
+                                        "gdn_recurrence_hopper_rs_after_windows",
+                                        "gdn_recurrence_hopper_rs_after_windows_packed"}
     assert set(names) == {"gdn_prepare", "gdn_recurrence", "gdn_segment_state", "gdn_recurrence_wide",
                           "gdn_segment_state_wide", "gdn_combine", "gdn_recurrence_fp32", "gdn_prepare_fp32",
                           "gdn_prepare_growth", "gdn_segment_state_window"}

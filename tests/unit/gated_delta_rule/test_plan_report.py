@@ -61,6 +61,11 @@ def test_report_names_the_segment_windows(gluon_release: None, monkeypatch: pyte
     monkeypatch.setattr(launch, "SEGMENT_WINDOWS", True)
     row = _h200(GdnShape(1, 65536, 2, 8))  # eight segments of 128 chunks, no lead form
     assert (row["segments"], row["segment_chunks"]) == (8, 128) and "below 2^-30" in row["plan"]
+    # No initial state: the output programs scan the segment states back to the last window (no combine pass).
+    assert [line.split(":")[0] for line in row["launches"]] == ["prepare pass", "segment-state pass", "output pass"]
+    assert "back to the last window (no combine pass)" in row["launches"][2]
+    monkeypatch.setattr(launch, "HOPPER_SCAN_WINDOWS", False)
+    row = _h200(GdnShape(1, 65536, 2, 8))
     assert [line.split(":")[0] for line in row["launches"]] == [
         "prepare pass", "segment-state pass", "combine pass (the scan over segments)", "output pass"]
 
