@@ -149,13 +149,14 @@ def other_trees(entries: Sequence[str]) -> list[tuple[str, str]]:
 
 
 def run_tree(label: str, source: Path, outputs: Path, save: bool, cases: Sequence[str],
-             gates: str | None = None) -> dict:
+             gates: str | None = None, initial: bool = False) -> dict:
     """One ``benchmarks.gdn_ab`` run of the tree whose package is under ``source``, in its own process
     (the benchmarks themselves come from this repository)."""
     path = os.pathsep.join(filter(None, [str(source), str(REPOSITORY), os.environ.get("PYTHONPATH")]))
     command = [sys.executable, "-m", "benchmarks.gdn_ab", label, "--save" if save else "--compare", str(outputs)]
     command += [argument for case in cases for argument in ("--case", case)]
     command += ["--gates", gates] if gates else []
+    command += ["--initial"] if initial else []
     done = subprocess.run(command, check=False, env={**os.environ, "PYTHONPATH": path}, cwd=REPOSITORY,
                           capture_output=True, text=True)
     rows = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -175,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPOSITORY / "build" / "ab")
     parser.add_argument("--gates", choices=GDN_GATES, help="the gates' family in every run (benchmarks.registry."
                         "GDN_GATES; default: the bench's)")
+    parser.add_argument("--initial", action="store_true", help="every call from a random initial state (a chunked "
+                        "prefill's)")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
@@ -192,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         for round_number in range(1, args.rounds + 1):
             for tree, source in trees:
                 save = tree == "base" and round_number == 1
-                row = run_tree(f"{tree}-{round_number}", source, args.out / "outputs", save, args.case, args.gates)
+                row = run_tree(f"{tree}-{round_number}", source, args.out / "outputs", save, args.case, args.gates,
+                               args.initial)
                 rows.append(row)
                 raw.write(json.dumps(row) + "\n")
                 raw.flush()

@@ -46,12 +46,15 @@ def kernel_us(call: object, repeats: int = 5) -> dict[str, float]:
             if event.key.startswith("gdn_")}
 
 
-def run(label: str, folder: Path, save: bool, cases: list[str] | None, gates: str | None = None) -> dict:
+def run(label: str, folder: Path, save: bool, cases: list[str] | None, gates: str | None = None,
+        initial: bool = False) -> dict:
+    """One tree's row; ``initial``: every call starts from a random fp32 initial state (a chunked prefill's)."""
     from benchmarks.registry import GDN_SHAPES, gdn_inputs
     from benchmarks.timing import graph_ms, median_ms
     from polykernels.gated_delta_rule import chunk_gated_delta_rule
 
-    row: dict = {"label": label, "device": torch.cuda.get_device_name(), "gates": gates or "the bench's"}
+    row: dict = {"label": label, "device": torch.cuda.get_device_name(), "gates": gates or "the bench's",
+                 "initial state": initial}
     started = time.perf_counter()
     folder.mkdir(parents=True, exist_ok=True)
     for name, batch, tokens, heads, value_heads, lengths in GDN_SHAPES:
@@ -60,13 +63,17 @@ def run(label: str, folder: Path, save: bool, cases: list[str] | None, gates: st
         q, k, v, g, beta = gdn_inputs(batch, tokens, heads, value_heads, "cuda", gates=gates)
         cu = None if lengths is None else torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()],
                                                        dtype=torch.int32, device="cuda")
+        sequences = batch if lengths is None else len(lengths)
+        h0 = (torch.randn(sequences, value_heads, k.shape[-1], v.shape[-1], device="cuda",
+                          generator=torch.Generator(device="cuda").manual_seed(1)) if initial else None)
 
-        def call(q=q, k=k, v=v, g=g, beta=beta, cu=cu):
-            return chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, cu_seqlens=cu)
+        def call(q=q, k=k, v=v, g=g, beta=beta, cu=cu, h0=h0):
+            return chunk_gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)
 
         o, state = call()
         torch.cuda.synchronize()
-        path = folder / (name.replace(" ", "_").replace("/", "-") + (f"-{gates}" if gates else "") + ".pt")
+        path = folder / (name.replace(" ", "_").replace("/", "-") + (f"-{gates}" if gates else "")
+                         + ("-initial" if initial else "") + ".pt")
         if save:
             torch.save((o.cpu(), state.cpu()), path)
         else:
@@ -91,9 +98,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--case", action="append", help="only the shapes whose name contains this text")
     parser.add_argument("--gates", choices=GDN_GATES, help="the gates' family (benchmarks.registry.GDN_GATES; "
                         "default: the bench's)")
+    parser.add_argument("--initial", action="store_true", help="every call from a random initial state")
     args = parser.parse_args(argv)
-    print(json.dumps(run(args.label, args.save or args.compare, args.save is not None, args.case, args.gates)),
-          flush=True)
+    print(json.dumps(run(args.label, args.save or args.compare, args.save is not None, args.case, args.gates,
+                         args.initial)), flush=True)
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ def test_a_tree_whose_run_fails_is_reported_with_its_error(tmp_path) -> None:
         run_tree("base-1", REPOSITORY / "src", tmp_path / "outputs", True, ["T32768"])
 
 
-def test_each_run_times_the_gates_asked_for(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_run_times_the_gates_and_initial_state_asked_for(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     import subprocess
 
     from benchmarks.ab_rounds import REPOSITORY, run_tree
@@ -72,7 +72,9 @@ def test_each_run_times_the_gates_asked_for(tmp_path, monkeypatch: pytest.Monkey
     monkeypatch.setattr(subprocess, "run", record)
     run_tree("base-1", REPOSITORY / "src", tmp_path, True, ["T32768"], "mixed")
     run_tree("base-2", REPOSITORY / "src", tmp_path, False, [])
+    run_tree("base-3", REPOSITORY / "src", tmp_path, False, [], initial=True)
     assert commands[0][-2:] == ["--gates", "mixed"] and "--gates" not in commands[1]
+    assert "--initial" not in commands[0] + commands[1] and commands[2][-1] == "--initial"
 
 
 def test_a_folder_holding_a_tree_is_the_base_as_it_is(tmp_path) -> None:

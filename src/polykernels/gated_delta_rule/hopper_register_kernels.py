@@ -138,9 +138,11 @@ def _copy_step(m_s, local_s, M_ptr, HLOC_ptr, slot, i_hv, col0, HV: gl.constexpr
 
 @gluon.jit
 def _scan_from_lead(HLOC_ptr, M_ptr, first, j, i_hv, col0, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
-                    BV: gl.constexpr, DOT_PRECISION: gl.constexpr, state_l: gl.constexpr):
+                    BV: gl.constexpr, DOT_PRECISION: gl.constexpr, state_l: gl.constexpr, START_ptr, start_slot):
     """Segment j's initial h^T, from its sequence's first segment's end state (which the LEAD launch left
     in h_local's slot of that segment, ``first``): h_(s+1)^T = h_s^T M_s^T + h_local_s^T for s = 1 .. j - 1.
+    The state it starts from is START_ptr's K x V state ``start_slot`` (h_local's ``first``, or
+    ``_state_after_windows``' initial state).
     The scan the combine pass ran as a launch of its own, here each output program's up to its own
     segment: each step's transition and state copied two steps ahead (two buffers, in the stages' shared
     memory before the chunk loop uses it), each step one tf32 product (the combine's precision) with the
@@ -163,7 +165,7 @@ def _scan_from_lead(HLOC_ptr, M_ptr, first, j, i_hv, col0, HV: gl.constexpr, K: 
         _copy_step(m_s.index(0), local_s.index(0), M_ptr, HLOC_ptr, first + 1, i_hv, col0, HV, K, V, BV)
     else:
         async_copy.commit_group()  # an empty group: one per step either way
-    _copy_segment_state(local_s.index(1), HLOC_ptr, first, i_hv, col0, HV, K, V, BV)
+    _copy_segment_state(local_s.index(1), START_ptr, start_slot, i_hv, col0, HV, K, V, BV)
     async_copy.commit_group()
     async_copy.wait_group(0)
     fence_async_shared()
@@ -250,30 +252,37 @@ def _window(DECAY_ptr, bos, start, end, i_hv, HV: gl.constexpr, BT: gl.constexpr
 
 
 @gluon.jit
-def _state_after_windows(HLOC_ptr, M_ptr, DECAY_ptr, slot, j, start, i_hv, col0, SEG_TOKENS, HV: gl.constexpr,
-                         K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
-                         DOT_PRECISION: gl.constexpr, state_l: gl.constexpr):
-    """Segment j's initial h^T (j >= 1; 0 for j = 0) after a windowed segment-state pass and no initial state
-    (AFTER_WINDOWS): the combine pass's scan, here each output program's, from the last segment before j whose
-    window dropped its past (its end state is its h_local, its transition 0), or from the first segment (from a
-    zero start its end state is its h_local) where none did. The windows are found as the segment-state
-    programs found them (``_window_start``, the same loads and sums). A non-finite chunk before the scan's start
-    reaches the state through that h_local, NaN then (``_window``)."""
+def _state_after_windows(HLOC_ptr, M_ptr, DECAY_ptr, HINIT_ptr, n, slot, j, start, i_hv, col0, SEG_TOKENS,
+                         HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BV: gl.constexpr,
+                         HAS_INITIAL: gl.constexpr, DOT_PRECISION: gl.constexpr, state_l: gl.constexpr):
+    """Segment j's initial h^T after a windowed segment-state pass (AFTER_WINDOWS): the combine pass's scan, here
+    each output program's, from the last segment before j whose window dropped its past (its end state is its
+    h_local, its transition 0). Where none did: from the sequence's initial state (HAS_INITIAL) through every
+    segment's transition before j, or else from the first segment's h_local (from a zero start, its end state;
+    0 for j = 0). The windows are found as the segment-state programs found them (``_window_start``, the same
+    loads and sums). A non-finite chunk before the scan's start reaches the state through that h_local, NaN
+    then (``_window``)."""
     bos = start - j * SEG_TOKENS
     s = j - 1
-    found = s < 0  # False
-    window_start = bos
+    found = j < 0  # False
     while (s >= 0) & (found == 0):
         segment_start = bos + s * SEG_TOKENS
-        first_token, truncated = _window_start(DECAY_ptr, segment_start, segment_start + SEG_TOKENS, i_hv, HV, BT)
+        _, truncated = _window_start(DECAY_ptr, segment_start, segment_start + SEG_TOKENS, i_hv, HV, BT)
         found = truncated
-        window_start = gl.where(truncated, first_token, window_start)
         s = gl.where(truncated, s, s - 1)
     s = gl.maximum(s, 0)
-    # j = 0 scans one step's worth for nothing (one copy) and starts from zero.
-    state = _scan_from_lead(HLOC_ptr, M_ptr, slot - j + s, gl.maximum(j - s, 1), i_hv, col0, HV, K, V, BV,
-                            DOT_PRECISION, state_l)
-    return gl.where(j > 0, state, 0.0)
+    if HAS_INITIAL:
+        # The initial state as the step before the first segment's: slot - j - 1 is never copied (no step).
+        initial = found == 0
+        state = _scan_from_lead(HLOC_ptr, M_ptr, gl.where(initial, slot - j - 1, slot - j + s),
+                                gl.where(initial, j + 1, j - s), i_hv, col0, HV, K, V, BV, DOT_PRECISION, state_l,
+                                gl.where(initial, HINIT_ptr, HLOC_ptr), gl.where(initial, n, slot - j + s))
+    else:
+        # j = 0 scans one step's worth for nothing (one copy) and starts from zero.
+        state = _scan_from_lead(HLOC_ptr, M_ptr, slot - j + s, gl.maximum(j - s, 1), i_hv, col0, HV, K, V, BV,
+                                DOT_PRECISION, state_l, HLOC_ptr, slot - j + s)
+        state = gl.where(j > 0, state, 0.0)
+    return state
 
 
 @gluon.jit
@@ -454,8 +463,8 @@ def gdn_recurrence_hopper_rs_kernel(
     gl.static_assert(not (LEAD and (SEGMENT_STATE or FROM_V or AFTER_LEAD)), "LEAD: an output pass")
     gl.static_assert(not SEGMENT_WINDOW or (SEGMENT_STATE and not AWAIT and not FIRST_TAKES_REST),
                      "SEGMENT_WINDOW: a segment-state pass after the prepare pass (its GROWTH in the decays)")
-    gl.static_assert(not AFTER_WINDOWS or not (SEGMENT_STATE or LEAD or AFTER_LEAD or AWAIT or HAS_INITIAL),
-                     "AFTER_WINDOWS: the output pass after a windowed segment-state pass, no initial state")
+    gl.static_assert(not AFTER_WINDOWS or not (SEGMENT_STATE or LEAD or AFTER_LEAD or AWAIT),
+                     "AFTER_WINDOWS: the output pass after a windowed segment-state pass")
     state_l: gl.constexpr = _mma_layout(BK, WARPS)  # h^T: BV x K
     chunk_l: gl.constexpr = _mma_layout(BT, WARPS)  # v_new^T, o^T: BV x BT
     # Left operands from registers: an accumulator's registers are already the operand's.
@@ -506,13 +515,14 @@ def gdn_recurrence_hopper_rs_kernel(
         if AFTER_LEAD:  # the scan over the segments before this one (no combine pass in the lead form)
             if VARLEN:  # from the sequence's first slot; a slot that runs nothing scans nothing
                 state = _scan_from_lead(HLOC_ptr, M_ptr, i_s - j, gl.where(valid, j, 1), i_hv, col0, HV, K, V, BV,
-                                        DOT_PRECISION, state_l)
+                                        DOT_PRECISION, state_l, HLOC_ptr, i_s - j)
             else:
                 state = _scan_from_lead(HLOC_ptr, M_ptr, n * SEGS_PER_SEQ, j, i_hv, col0, HV, K, V, BV,
-                                        DOT_PRECISION, state_l)
+                                        DOT_PRECISION, state_l, HLOC_ptr, n * SEGS_PER_SEQ)
         elif AFTER_WINDOWS:  # no combine pass: the scan back to the last window, here
-            state = _state_after_windows(HLOC_ptr, M_ptr, DECAY_ptr, i_s, gl.where(valid, j, 0), start, i_hv, col0,
-                                         SEG_TOKENS, HV, K, V, BT, BV, DOT_PRECISION, state_l)
+            state = _state_after_windows(HLOC_ptr, M_ptr, DECAY_ptr, HINIT_ptr, n, i_s, gl.where(valid, j, 0), start,
+                                         i_hv, col0, SEG_TOKENS, HV, K, V, BT, BV, HAS_INITIAL, DOT_PRECISION,
+                                         state_l)
         # The state is stored K x V: h^T's element (v, k) sits at k * V + v.
         tile = k_idx[None, :] * V + cols[:, None]
         tile_mask = (k_idx[None, :] < K) & (cols[:, None] < V) & valid

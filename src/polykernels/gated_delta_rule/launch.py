@@ -474,16 +474,18 @@ HOPPER_WARP_BLOCK_INVERSE = True
 # under slow gates, -0.1 to -3.6% under mixed (a quarter of the heads never forget); the Triton passes -27.4%
 # at 1x32768 2/8 (BENCHMARKS.md, "segment windows against the lead form").
 SEGMENT_WINDOWS = True
-# Where the Gluon passes take the windows and there is no initial state: no combine pass; each output program
-# finds the last segment before its own whose window dropped its past and scans the segment states from there
-# (hopper_register_kernels._state_after_windows; under the bench's gates, one copy of a segment state). On an
+# Where the Gluon passes take the windows: no combine pass; each output program finds the last segment before its
+# own whose window dropped its past and scans the segment states from there, from the initial state where none
+# did (hopper_register_kernels._state_after_windows; under the bench's gates, one copy of a segment state). On an
 # H100 against the combine pass: 1x32768 2/8 -6.1%, 1x65536 2/8 -2.4%, 1x32768 4/16 -1.9% (the same bits);
-# slow gates -2.2 to -6.2%; mixed -1.6% to +0.5% (BENCHMARKS.md, "the output pass scans the windows").
+# slow gates -2.2 to -6.2%; mixed -1.6% to +0.5%; from an initial state -7.3% (BENCHMARKS.md, "the output pass
+# scans the windows").
 HOPPER_SCAN_WINDOWS = True
-# SEGMENT_WINDOWS for packed sequences in the Gluon passes too, where the output pass scans them (no initial
-# state, HOPPER_SCAN_WINDOWS); elsewhere packed sequences keep the lead form's plan. Against the lead form at
-# varlen 6144+2048 2/8 on an H100: -20.6% under the bench's gates, -6.3% slow, -5.4% mixed (same section); with
-# the combine pass the windows lost there (+10.6% slow, +9.5% mixed, "segment windows against the lead form").
+# SEGMENT_WINDOWS for packed sequences in the Gluon passes too, where the output pass scans them
+# (HOPPER_SCAN_WINDOWS); elsewhere packed sequences keep the lead form's plan. Against the lead form at
+# varlen 6144+2048 2/8 on an H100: -20.6% under the bench's gates, -6.3% slow, -5.4% mixed, -22.6% from an
+# initial state (same section); with the combine pass the windows lost there (+10.6% slow, +9.5% mixed, "segment
+# windows against the lead form").
 HOPPER_PACKED_WINDOWS = True
 # Beside the sequential pass (concurrent_warp_blocks) the faster prepare pass runs further ahead of the
 # sequential programs that read what it stores, and the two passes' shared traffic decides: on an H200
@@ -599,7 +601,7 @@ def launch_chunk_gated_delta_rule(
         # Packed sequences' chunks and segments are found from cu_seqlens in the kernels (kernels._sequence_of).
         prepared = scratch[:6]
         segments = (cu, tokens, num_seqs, recipe.segments_per_seq, recipe.segment_tokens)
-        h_init = scratch.h_init if recipe.segment_chunks else initial
+        h_init = scratch.h_init if recipe.segment_chunks and not recipe.after_windows else initial
         # from_v: T (in w's part) and v where w and u go, and k's factor (in u's part) in the slot of the
         # segment states, which an uncut pass leaves unused.
         read, factor = ((scratch.w, v, *prepared[2:]), scratch.u) if recipe.from_v else (prepared, final)
@@ -794,10 +796,10 @@ def _recipe(
     # SEGMENT_WINDOWS: the Gluon passes (K = V = 128) cut without the lead form, their segment states in the
     # register-state pass (whose segment-state programs take the windows) whatever the segments' length, where
     # that pass runs the plan's tile, and packed sequences only with HOPPER_PACKED_WINDOWS where the output pass
-    # scans them (no initial state, HOPPER_SCAN_WINDOWS); the lead form's plan otherwise. The Triton passes (no
-    # lead form) take the windows wherever the plan cuts.
+    # scans them (HOPPER_SCAN_WINDOWS); the lead form's plan otherwise. The Triton passes (no lead form) take the
+    # windows wherever the plan cuts.
     gluon_windows = (segment_windows and gluon_prepare and key_dim == value_dim == 128
-                     and (not varlen or (packed_windows and scan_windows and not has_initial)))
+                     and (not varlen or (packed_windows and scan_windows)))
     plan = plan_for(None) if gluon_windows else plan_for(lead_tiles)
     if gluon_windows and not (plan.segments > 1 and not plan.concurrent and plan.warpgroups == 1
                               and plan.block_v in dict(hopper_register_stages)
@@ -809,9 +811,9 @@ def _recipe(
         plan = replace(plan, reason=plan.reason + "; each segment state from its last chunks where the gates have "
                                                   "decayed the rest below 2^-30 (the segments whole where not)")
     segment_chunks = plan.segment_chunks if plan.segments > 1 else 0
-    # With no initial state the first segment's end state is its h_local, so the Gluon output programs scan back to
-    # the last window themselves (hopper_register_kernels._state_after_windows) and no combine pass runs.
-    after_windows = gluon_windows and not has_initial and scan_windows
+    # The Gluon output programs scan back to the last window themselves (hopper_register_kernels.
+    # _state_after_windows; from the initial state where no window is found) and no combine pass runs.
+    after_windows = gluon_windows and scan_windows
     block_k, block_v = _block(key_dim), plan.block_v * plan.warpgroups
     precision = guards.dot_precision(fp32_inputs=dtype == torch.float32)
     chunks_per_seq = -(-tokens // CHUNK)
@@ -928,6 +930,7 @@ def _recipe(
                       "VARLEN": varlen, "DOT_PRECISION": precision,
                       "num_warps": combine["num_warps"], "num_stages": combine["num_stages"]},
         recurrence_grid=(value_tiles, outputs_after_lead if lead else max_segments, value_heads),
+        # A segment's initial state: the combine pass's (h_init), or the sequence's where the output pass scans.
         recurrence_meta={**recurrence, "HAS_INITIAL": has_initial or (bool(segment_chunks) and not after_windows),
                          "SEGMENT_STATE": False,
                          "STORE_FINAL": output_final_state, **recurrence_tail},

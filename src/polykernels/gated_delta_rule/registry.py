@@ -251,8 +251,8 @@ register(KernelSpec(
     allowed=_on_hopper, platform_constexprs=_precision,
     options={"num_warps": 4},
 ))
-# launch.HOPPER_SCAN_WINDOWS (sm_90, no initial state): the output pass after the windowed segment states, each
-# program scanning them back to the last window (no combine pass); batch rows and packed sequences.
+# launch.HOPPER_SCAN_WINDOWS (sm_90): the output pass after the windowed segment states, each program scanning
+# them back to the last window (no combine pass); batch rows without an initial state, packed sequences with one.
 for _name, _packed in (("gdn_recurrence_hopper_rs_after_windows", False),
                        ("gdn_recurrence_hopper_rs_after_windows_packed", True)):
     register(KernelSpec(
@@ -261,7 +261,7 @@ for _name, _packed in (("gdn_recurrence_hopper_rs_after_windows", False),
         signature={**_RS_SIGNATURE, **_constexpr("FROM_V", "LEAD", "AFTER_LEAD", "FIRST_TAKES_REST",
                                                  "AFTER_WINDOWS")},
         constexprs={**_SHAPE, "V": 128, "BV": _WIDE_BV, "NV": 128 // _WIDE_BV, "VARLEN": _packed,
-                    "LOG_N": 4 if _packed else 1, "HAS_INITIAL": False, "SEGMENT_STATE": False, "STORE_FINAL": True,
+                    "LOG_N": 4 if _packed else 1, "HAS_INITIAL": _packed, "SEGMENT_STATE": False, "STORE_FINAL": True,
                     "STAGES": HOPPER_REGISTER_STAGES[_WIDE_BV], "AWAIT": False, "FROM_V": False, "LEAD": False,
                     "AFTER_LEAD": False, "FIRST_TAKES_REST": False, "AFTER_WINDOWS": True},
         allowed=_on_hopper, platform_constexprs=_precision,

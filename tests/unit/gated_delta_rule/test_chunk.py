@@ -1115,33 +1115,35 @@ def test_segment_windows_cut_without_the_lead_form(monkeypatch: pytest.MonkeyPat
     assert thin.segment_state_meta["SEGMENT_WINDOW"] and thin.prepare_meta["GROWTH"]
     assert "gates have decayed the rest below 2^-30" in thin.plan.reason
     assert "SEGMENT_WINDOW" not in thin.recurrence_meta  # the output pass is the same kernel as without
-    # No initial state (launch.HOPPER_SCAN_WINDOWS): the output programs scan the segment states, no combine pass
-    # and no workspace for its initial states; with one, the combine pass as before.
+    # launch.HOPPER_SCAN_WINDOWS: the output programs scan the segment states (from the initial state where one is
+    # passed and no window found), no combine pass and no workspace for its initial states.
     names = [name for _, _, name, _, _ in launch._launches(thin, launch._launchers(), ())]
     assert names == ["prepare", "segment_state", "recurrence"] and thin.after_windows
     assert thin.recurrence_meta["AFTER_WINDOWS"] and not thin.recurrence_meta["HAS_INITIAL"]
     assert thin.workspace.parts[launch._Scratch._fields.index("h_init")].shape[0] == 0
     initial = _sm90_recipe(monkeypatch, 1, 32768, 2, 8, None, has_initial=True)
-    assert initial.segment_windows and not initial.after_windows and "AFTER_WINDOWS" not in initial.recurrence_meta
-    assert [name for _, _, name, _, _ in launch._launches(initial, launch._launchers(), ())] == [
-        "prepare", "segment_state", "combine", "recurrence"]
+    assert initial.after_windows and initial.recurrence_meta["HAS_INITIAL"]
+    assert [name for _, _, name, _, _ in launch._launches(initial, launch._launchers(), ())] == names
     wide = _sm90_recipe(monkeypatch, 1, 32768, 4, 16, None)
     assert (wide.segment_windows, wide.lead, wide.beside_prepare, wide.segments_per_seq) == (True, False, False, 4)
     short = _sm90_recipe(monkeypatch, 1, 8192, 2, 8, None)  # 8 segments of 16 chunks
     assert short.segment_windows and not short.lead and short.segment_registers and short.hopper_registers
     assert short.segment_chunks == 16
-    # Packed sequences take the windows where the output pass scans them (no initial state); with an initial
-    # state, or with HOPPER_PACKED_WINDOWS or HOPPER_SCAN_WINDOWS off, the lead form.
+    # Packed sequences take the windows where the output pass scans them; with HOPPER_PACKED_WINDOWS or
+    # HOPPER_SCAN_WINDOWS off, the lead form.
     packed = _sm90_recipe(monkeypatch, 1, 8192, 2, 8, None, packed=2)  # 6144 + 2048 tokens: 4 of 16 on average
     assert packed.segment_windows and not packed.lead and packed.segment_chunks == 16 and packed.after_windows
     packed = _sm90_recipe(monkeypatch, 1, 8192, 2, 8, None, packed=2, has_initial=True)
-    assert packed.lead and not packed.segment_windows and not packed.prepare_meta["GROWTH"]
+    assert packed.segment_windows and packed.after_windows and packed.recurrence_meta["HAS_INITIAL"]
     monkeypatch.setattr(launch, "HOPPER_PACKED_WINDOWS", False)
     packed = _sm90_recipe(monkeypatch, 1, 8192, 2, 8, None, packed=2)
-    assert packed.lead and not packed.segment_windows
+    assert packed.lead and not packed.segment_windows and not packed.prepare_meta["GROWTH"]
     monkeypatch.setattr(launch, "HOPPER_PACKED_WINDOWS", True)
     monkeypatch.setattr(launch, "HOPPER_SCAN_WINDOWS", False)
-    assert not _sm90_recipe(monkeypatch, 1, 32768, 2, 8, None).after_windows
+    combined = _sm90_recipe(monkeypatch, 1, 32768, 2, 8, None)
+    assert combined.segment_windows and not combined.after_windows and combined.recurrence_meta["HAS_INITIAL"]
+    assert [name for _, _, name, _, _ in launch._launches(combined, launch._launchers(), ())] == [
+        "prepare", "segment_state", "combine", "recurrence"]
     assert _sm90_recipe(monkeypatch, 1, 8192, 2, 8, None, packed=2).lead
     monkeypatch.setattr(launch, "SEGMENT_WINDOWS", False)
     off = _sm90_recipe(monkeypatch, 1, 32768, 2, 8, None)
@@ -1245,8 +1247,9 @@ def test_gpu_segment_windows(gpu_device: str, monkeypatch: pytest.MonkeyPatch, g
     # stores a zero transition. random (logsigmoid(randn), about -0.8 a token): every segment but the last
     # takes a window, its transitions zero, and the outputs are as near the fp64 recurrence as the whole
     # segments' (not the same bits: the state handed on is formed another way). slow (about -0.02 a token,
-    # about 18 chunks to 2^-30) too, within WINDOW_CHUNKS. zero: no window anywhere, the transitions and the outputs
-    # the same bits as without. mixed: the zero gates on half the value heads, those heads as without.
+    # about 18 chunks to 2^-30) too, within WINDOW_CHUNKS. zero: no window anywhere, the transitions the same bits
+    # as without, the outputs as near the recurrence (the output programs scan from the initial state, where
+    # without the windows the combine pass does). mixed: the zero gates on half the value heads, those as zero.
     _needs_register_state_passes(gpu_device)
     inputs = make_inputs(1, 16384, 2, 8, 128, 128, torch.bfloat16, gate="zero" if gate == "zero" else
                          "slow" if gate == "slow" else "random", device=gpu_device)
@@ -1259,26 +1262,27 @@ def test_gpu_segment_windows(gpu_device: str, monkeypatch: pytest.MonkeyPatch, g
     if gate in ("zero", "mixed"):
         assert torch.equal(kept[:3, still], full[:3, still]) and bool(full[:3, still].abs().amax() > 0)
     assert bool((kept[:3, decaying] == 0).all()), "a segment with decaying gates kept its transition"
-    assert torch.equal(windowed[0][..., still, :], whole[0][..., still, :])
-    assert torch.equal(windowed[1][:, still], whole[1][:, still])
     exact = naive_recurrent_gated_delta_rule(*(t.double() for t in inputs), 128**-0.5, h0.double(), True, None, False)
     for got_all, want_all, oracle_all, heads in zip(windowed, whole, exact, (2, 1), strict=True):
-        got, want, oracle = (t.narrow(heads, decaying.start, decaying.stop - decaying.start)
-                             for t in (got_all, want_all, oracle_all))
-        if got.numel():
-            assert relative_rms_error(got, oracle) < BOUND[torch.bfloat16]
-            assert relative_rms_error(got, oracle) <= 1.1 * relative_rms_error(want, oracle)
+        for part in (still, decaying):
+            got, want, oracle = (t.narrow(heads, part.start, part.stop - part.start)
+                                 for t in (got_all, want_all, oracle_all))
+            if got.numel():
+                assert relative_rms_error(got, oracle) < BOUND[torch.bfloat16]
+                assert relative_rms_error(got, oracle) <= 1.1 * relative_rms_error(want, oracle)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("initial", [False, True])
 @pytest.mark.parametrize("gate", ["random", "slow", "mixed"])
 def test_gpu_segment_windows_scanned_by_the_output_pass(gpu_device: str, monkeypatch: pytest.MonkeyPatch,
-                                                       gate: str) -> None:
-    # No initial state (launch.HOPPER_SCAN_WINDOWS): no combine pass; each output program finds the last segment
-    # before its own whose window dropped its past and takes its state from there. Where every segment takes a
-    # window (random, slow), that is the state the combine pass forms from a zero transition: the same bits as with
-    # the combine pass. mixed: the heads that never forget scan every segment's transition, as the combine pass
-    # does, in another kernel. Every head as near the fp64 recurrence as the cut without windows.
+                                                       gate: str, initial: bool) -> None:
+    # launch.HOPPER_SCAN_WINDOWS: no combine pass; each output program finds the last segment before its own whose
+    # window dropped its past and takes its state from there. Where every segment takes a window (random, slow),
+    # that is the state the combine pass forms from a zero transition, and a first segment's is the initial state:
+    # the same bits as with the combine pass. mixed: the heads that never forget scan every segment's transition
+    # (from the initial state, where there is one), as the combine pass does, in another kernel. Every head as near
+    # the fp64 recurrence as the cut without windows.
     from polykernels.gated_delta_rule import launch
 
     _needs_register_state_passes(gpu_device)
@@ -1286,7 +1290,8 @@ def test_gpu_segment_windows_scanned_by_the_output_pass(gpu_device: str, monkeyp
                          device=gpu_device)
     if gate == "mixed":
         inputs[3][:, :, 4:] = 0.0
-    cut = (128**-0.5, None, True, None, False, 4)
+    h0 = torch.randn(1, 8, 128, 128, device=gpu_device) if initial else None
+    cut = (128**-0.5, h0, True, None, False, 4)
     scanned = launch_chunk_gated_delta_rule(*inputs, *cut)
     monkeypatch.setattr(launch, "HOPPER_SCAN_WINDOWS", False)
     combined = launch_chunk_gated_delta_rule(*inputs, *cut)
@@ -1296,25 +1301,30 @@ def test_gpu_segment_windows_scanned_by_the_output_pass(gpu_device: str, monkeyp
     decaying = slice(0, 4) if gate == "mixed" else slice(0, 8)
     assert torch.equal(scanned[0][..., decaying, :], combined[0][..., decaying, :])
     assert torch.equal(scanned[1][:, decaying], combined[1][:, decaying])
-    exact = naive_recurrent_gated_delta_rule(*(t.double() for t in inputs), 128**-0.5, None, True, None, False)
+    exact = naive_recurrent_gated_delta_rule(*(t.double() for t in inputs), 128**-0.5, None if h0 is None else
+                                             h0.double(), True, None, False)
     for got, want, oracle in zip(scanned, whole, exact, strict=True):
         assert relative_rms_error(got, oracle) < BOUND[torch.bfloat16]
         assert relative_rms_error(got, oracle) <= 1.1 * relative_rms_error(want, oracle)
 
 
 @pytest.mark.gpu
-def test_gpu_segment_windows_of_packed_sequences(gpu_device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("initial", [False, True])
+def test_gpu_segment_windows_of_packed_sequences(gpu_device: str, monkeypatch: pytest.MonkeyPatch,
+                                                 initial: bool) -> None:
     # The bench's varlen 6144 + 2048 (2 qk / 8 v heads) in segments of 16 chunks: zero transitions where the
     # gates decay, as near the fp64 recurrence as the cut without windows (whose segment states run in the
-    # shared-state pass there: not the same kernels, so no bits compared).
+    # shared-state pass there: not the same kernels, so no bits compared); with each sequence's initial state too.
     _needs_register_state_passes(gpu_device)
     lengths = [6144, 2048]
     inputs = make_inputs(1, sum(lengths), 2, 8, 128, 128, torch.bfloat16, device=gpu_device)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=gpu_device, dtype=torch.int32)
-    (windowed, kept), (whole, _) = _windowed_and_whole(monkeypatch, inputs, None, cu=cu)
+    h0 = torch.randn(2, 8, 128, 128, device=gpu_device) if initial else None
+    (windowed, kept), (whole, _) = _windowed_and_whole(monkeypatch, inputs, None, h0, cu=cu)
     # Slots (kernels._first_slot): the first sequence's six segments 0-5, the second's two 7-8; each last none.
     assert bool((kept[:5] == 0).all()) and bool((kept[7] == 0).all())
-    exact = naive_recurrent_gated_delta_rule(*(t.double() for t in inputs), 128**-0.5, None, True, cu, False)
+    exact = naive_recurrent_gated_delta_rule(*(t.double() for t in inputs), 128**-0.5, None if h0 is None else
+                                             h0.double(), True, cu, False)
     for got, want, oracle in zip(windowed, whole, exact, strict=True):
         assert relative_rms_error(got, oracle) < BOUND[torch.bfloat16]
         assert relative_rms_error(got, oracle) <= 1.1 * relative_rms_error(want, oracle)
