@@ -261,7 +261,8 @@ def _state_after_windows(HLOC_ptr, M_ptr, DECAY_ptr, HINIT_ptr, n, slot, j, star
     segment's transition before j, or else from the first segment's h_local (from a zero start, its end state;
     0 for j = 0). The windows are found as the segment-state programs found them (``_window_start``, the same
     loads and sums). A non-finite chunk before the scan's start reaches the state through that h_local, NaN
-    then (``_window``)."""
+    then (``_window``). The initial state does not reach a segment after a window, a non-finite one neither:
+    its part there is below 2^-30 of it (the combine pass carried a NaN one on through the zero transition)."""
     bos = start - j * SEG_TOKENS
     s = j - 1
     found = j < 0  # False
