@@ -1331,6 +1331,51 @@ def test_gpu_segment_windows_of_packed_sequences(gpu_device: str, monkeypatch: p
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(("lengths", "segments", "initial", "gate"), [
+    ([1500, 0, 1, 700, 3000], 3, True, "slow"), ([1500, 0, 1, 700, 3000], 3, False, "random"),
+    ([37, 2963], None, True, "random")],
+    ids=["mixed-3seg-initial-slow", "mixed-3seg", "37+2963-planned-initial"])
+def test_gpu_packed_sequences_take_the_windows(gpu_device: str, monkeypatch: pytest.MonkeyPatch, lengths: list[int],
+                                               segments: int | None, initial: bool, gate: str) -> None:
+    # Packed sequences with the windows and the output pass's scan (launch.HOPPER_PACKED_WINDOWS): sequences of one
+    # segment (0, 1 and 37 tokens: the output program starts from the initial state and stores the final one), of
+    # two and more; against the fp64 recurrence no further from it than the passes without the windows; the Python
+    # path, the replayed launch program and a CUDA graph give the same bits; an empty sequence's final state is
+    # its initial state. slow: segments of about 6 chunks, shorter than a window (about 17 chunks at these
+    # gates), so every output program scans from the initial state through each transition before it; random: a
+    # window in every segment.
+    _needs_register_state_passes(gpu_device)
+    from polykernels import platform
+    from polykernels.gated_delta_rule import launch
+
+    inputs = make_inputs(1, sum(lengths), 2, 8, 128, 128, torch.bfloat16, gate=gate, device=gpu_device)
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=gpu_device)
+    h0 = torch.randn(len(lengths), 8, 128, 128, device=gpu_device) if initial else None
+
+    def public():
+        return chunk_gated_delta_rule(*inputs, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                                      num_segments=segments)
+
+    first, replayed = public(), public()
+    recipe = launch._recipe(inputs[0].shape, inputs[2].shape, torch.bfloat16, torch.int32, len(lengths), initial,
+                            True, False, segments, inputs[0].device, platform.current(), *_tables_here(128))
+    assert recipe.segment_windows and recipe.after_windows and not recipe.lead and recipe.segment_chunks
+    captured = _replayed_from_a_graph(public)
+    for got in (replayed, captured):
+        assert torch.equal(got[0], first[0]) and torch.equal(got[1], first[1])
+    if h0 is not None:
+        assert torch.equal(first[1][lengths.index(0)], h0[lengths.index(0)])
+    exact = naive_recurrent_gated_delta_rule(*(t.double() for t in inputs), 128**-0.5,
+                                             None if h0 is None else h0.double(), True, cu, False)
+    monkeypatch.setattr(launch, "SEGMENT_WINDOWS", False)
+    monkeypatch.setattr(launch, "HOPPER_LEAD_SEGMENT", {})
+    without = launch_chunk_gated_delta_rule(*inputs, 128**-0.5, h0, True, cu, False, segments)
+    for got, want, oracle in zip(first, without, exact, strict=True):
+        assert relative_rms_error(got, oracle) < BOUND[torch.bfloat16]
+        assert relative_rms_error(got, oracle) <= 1.5 * relative_rms_error(want, oracle)
+
+
+@pytest.mark.gpu
 def test_gpu_segment_windows_carry_a_nan_before_the_window(gpu_device: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # A non-finite k at token 100 (the first segment's first chunk, far before its window): its value heads'
     # outputs from there on are NaN as without the windows (the dropped transition stored as NaN carries it).
