@@ -742,7 +742,7 @@ class _Recipe:
     workspace: Layout  # every intermediate (_Scratch)
     from_v: bool = False  # HOPPER_PAIRS_FROM_V: the prepare pass stores T, the sequential pass reads v
     segment_windows: bool = False  # SEGMENT_WINDOWS: the prepare pass's GROWTH, the segment states' windows
-    after_windows: bool = False  # ... and (Gluon, no initial state) the output pass scans them, no combine pass
+    after_windows: bool = False  # ... and (Gluon) the output pass scans them itself, no combine pass
     inverse_beside: str = ""  # concurrent: why the prepare pass's inverse takes its levels whole or per warp
     plan: SegmentPlan | None = None  # what plan_segments chose, and why (plan_report)
 
