@@ -225,20 +225,6 @@ def _window_start(DECAY_ptr, start, end, i_hv, HV: gl.constexpr, BT: gl.constexp
 
 
 @gluon.jit
-def _non_finite(DECAY_ptr, start, chunks, i_hv, HV: gl.constexpr, BT: gl.constexpr, PER_THREAD: gl.constexpr):
-    """Whether any of the ``chunks`` chunks from token ``start`` has a non-finite decay."""
-    scan: gl.constexpr = gl.BlockedLayout(size_per_thread=[PER_THREAD], threads_per_warp=[32],
-                                          warps_per_cta=[gl.num_warps()], order=[0])
-    block: gl.constexpr = PER_THREAD * 32 * gl.num_warps()
-    found = chunks < 0  # False
-    for first in range(0, chunks, block):
-        c = first + gl.arange(0, block, layout=scan)
-        d = gl.load(DECAY_ptr + (start + c.to(gl.int64) * BT) * HV + i_hv, mask=c < chunks, other=1.0)
-        found = found | (gl.max(gl.where(d * 0.0 == 0.0, 0, 1), axis=0) > 0)
-    return found
-
-
-@gluon.jit
 def _window(DECAY_ptr, bos, start, end, i_hv, HV: gl.constexpr, BT: gl.constexpr):
     """kernels._window in Gluon: (first token, truncated, poisoned) of a segment-state program's chunks with
     SEGMENT_WINDOW, but poisoned where a chunk of the sequence before the window (from its first token, ``bos``)
@@ -247,7 +233,14 @@ def _window(DECAY_ptr, bos, start, end, i_hv, HV: gl.constexpr, BT: gl.constexpr
     window_start, truncated = _window_start(DECAY_ptr, start, end, i_hv, HV, BT)
     poisoned = truncated & (start < 0)  # False
     if truncated:  # a chunk before the window non-finite (in the window none is)
-        poisoned = _non_finite(DECAY_ptr, bos, ((window_start - bos) // BT).to(gl.int32), i_hv, HV, BT, 4)
+        scan: gl.constexpr = gl.BlockedLayout(size_per_thread=[4], threads_per_warp=[32],
+                                              warps_per_cta=[gl.num_warps()], order=[0])
+        block: gl.constexpr = 4 * 32 * gl.num_warps()
+        chunks = ((window_start - bos) // BT).to(gl.int32)
+        for first in range(0, chunks, block):
+            c = first + gl.arange(0, block, layout=scan)
+            d = gl.load(DECAY_ptr + (bos + c.to(gl.int64) * BT) * HV + i_hv, mask=c < chunks, other=1.0)
+            poisoned = poisoned | (gl.max(gl.where(d * 0.0 == 0.0, 0, 1), axis=0) > 0)
     return window_start, truncated, poisoned
 
 
