@@ -406,8 +406,6 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_pt
         _copy_chunk_from_v(chunk_start + (STAGES - 1) * BT, end, (c + STAGES - 1) % STAGES, i_h, i_hv, col0, Q_ptr,
                            K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr, KS_ptr, WS_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, H, HV,
                            K, V, BT, BK, BV)
-        if c > 0:
-            _store_output_t(O_ptr, out_s.index((c + 1) % 2), chunk_start - BT, end, i_hv, col0, HV, V, BT, BV)
         w_scale = scales_s.index(stage).slice(2 * BT, BT).load(tokens_of)
         v_t = v_s.index(stage).permute((1, 0)).load(chunk_l).to(gl.float32)
         minus_kh = warpgroup_mma_wait(0, deps=(minus_kh,))
@@ -415,6 +413,8 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_pt
         v_new = warpgroup_mma(v_prime, t_s.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True)
         # q h behind T's product, off the state's path.
         minus_qh = warpgroup_mma(minus_h, q_s.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True)
+        if c > 0:  # the previous chunk's output, while T's product and q h run
+            _store_output_t(O_ptr, out_s.index((c + 1) % 2), chunk_start - BT, end, i_hv, col0, HV, V, BT, BV)
         k_scale = scales_s.index(stage).slice(BT, BT).load(tokens_of)
         v_new = warpgroup_mma_wait(1, deps=(v_new,))
         update = gl.convert_layout((v_new * k_scale[None, :]).to(dtype), update_a)
