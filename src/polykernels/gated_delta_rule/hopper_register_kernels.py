@@ -378,17 +378,22 @@ def _chunk_in(c, start, DECAY_ptr, i_hv, HV: gl.constexpr, BT: gl.constexpr, STA
 def _chunks_from_v(state, start, end, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr, KS_ptr, WS_ptr,
                    DECAY_ptr, O_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, out_s, H: gl.constexpr, HV: gl.constexpr,
                    K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr,
-                   STAGES: gl.constexpr, CHECKED: gl.constexpr, state_l: gl.constexpr, chunk_l: gl.constexpr):
+                   STAGES: gl.constexpr, CHECKED: gl.constexpr, state_l: gl.constexpr, chunk_l: gl.constexpr,
+                   flags, AWAIT: gl.constexpr):
     """FlashInfer's order of the chain: v_new^T = (v^T - (k h)^T diag(ws)) T^T, three products on
     the state's path (k h, T, the update), with q h and P behind them (launch.HOPPER_PAIRS_FROM_V).
     CHECKED: each chunk's v and k rows from the first non-finite one are zeroed, and that row's outputs
-    and the state poisoned, as the prepare pass does where it forms u."""
+    and the state poisoned, as the prepare pass does where it forms u. AWAIT: beside the prepare pass,
+    each chunk's copies wait for its ready flag, as in the kernel's other chain."""
     dtype: gl.constexpr = T_ptr.dtype.element_ty
     state_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=chunk_l, k_width=2)
     update_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=state_l, k_width=2)
     tokens_of: gl.constexpr = gl.SliceLayout(0, chunk_l)
     chunks = ((end - start + BT - 1) // BT).to(gl.int32)
+    last = gl.maximum(chunks - 1, 0)
     for ahead in gl.static_range(STAGES - 1):
+        if AWAIT:
+            await_flag(flags + gl.minimum(ahead, last) * HV)
         _copy_chunk_from_v(start + ahead * BT, end, ahead, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr,
                            KS_ptr, WS_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, H, HV, K, V, BT, BK, BV)
     zero = gl.zeros([BV, BT], gl.float32, layout=chunk_l)
@@ -401,8 +406,9 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_pt
             decay = decay + gl.sum(poison, axis=0)
         minus_h = gl.convert_layout((-state).to(dtype), state_a)
         minus_kh = warpgroup_mma(minus_h, k_s.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True)
-        # While k h runs: the chunk STAGES - 1 ahead into the stage the previous chunk used, and the
-        # previous chunk's output.
+        # While k h runs: the chunk STAGES - 1 ahead into the stage the previous chunk used.
+        if AWAIT:
+            await_flag(flags + gl.minimum(c + STAGES - 1, last) * HV)
         _copy_chunk_from_v(chunk_start + (STAGES - 1) * BT, end, (c + STAGES - 1) % STAGES, i_h, i_hv, col0, Q_ptr,
                            K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr, KS_ptr, WS_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, H, HV,
                            K, V, BT, BK, BV)
@@ -453,7 +459,7 @@ def gdn_recurrence_hopper_rs_kernel(
     gl.static_assert(not (AWAIT and VARLEN), "ready flags are numbered by batch row and chunk")
     gl.static_assert(not (AWAIT and SEGMENT_STATE and not AFTER_LEAD),
                      "segment states wait for ready flags only after a lead beside the prepare pass")
-    gl.static_assert(not (FROM_V and (AWAIT or SEGMENT_STATE)), "FROM_V: uncut output passes only")
+    gl.static_assert(not (FROM_V and (SEGMENT_STATE or AFTER_LEAD)), "FROM_V: uncut output passes only")
     gl.static_assert(not (LEAD and (SEGMENT_STATE or FROM_V or AFTER_LEAD)), "LEAD: an output pass")
     gl.static_assert(not SEGMENT_WINDOW or (SEGMENT_STATE and not AWAIT and not FIRST_TAKES_REST),
                      "SEGMENT_WINDOW: a segment-state pass after the prepare pass (its GROWTH in the decays)")
@@ -527,7 +533,13 @@ def gdn_recurrence_hopper_rs_kernel(
             else:
                 state = gl.zeros([BV, BK], gl.float32, layout=state_l)
 
+    # AWAIT: the prepare pass runs beside this one, or ran just before it (packed sequences never): each
+    # chunk's copies wait for its flag (ready_flags); a look-ahead past the last chunk copies nothing and
+    # waits for the last. Flags are numbered by batch row and chunk, from the segment's first.
+    flags = FLAGS + (n * ((T + BT - 1) // BT) + (start - n * T) // BT) * HV + i_hv
     if FROM_V:  # T (in W_ptr's place), v (in U_ptr's), w's factor of k (in HLOC_ptr's)
+        if LEADS:
+            launch_dependents()
         t_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BT], _smem_layout(BT, BT))
         k_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], _smem_layout(BT, BK))
         q_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], _smem_layout(BT, BK))
@@ -539,7 +551,7 @@ def gdn_recurrence_hopper_rs_kernel(
                                                                                       order=[0, 1]))
         state = _chunks_from_v(state, start, end, i_h, i_hv, col0, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr,
                                HLOC_ptr, DECAY_ptr, O_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, out_s, H, HV, K, V, BT,
-                               BK, BV, STAGES, False, state_l, chunk_l)
+                               BK, BV, STAGES, False, state_l, chunk_l, flags, AWAIT)
         # A non-finite v or k row reaches every row of T's product (0 x Inf), and from there the state:
         # the rare program whose state ends non-finite runs again, checking each chunk's v and k rows.
         if gl.max(gl.max(gl.where(state * 0.0 == 0.0, 0, 1), axis=1), axis=0) > 0:
@@ -550,17 +562,13 @@ def gdn_recurrence_hopper_rs_kernel(
                 state = gl.zeros([BV, BK], gl.float32, layout=state_l)
             state = _chunks_from_v(state, start, end, i_h, i_hv, col0, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr,
                                    KS_ptr, HLOC_ptr, DECAY_ptr, O_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, out_s, H, HV,
-                                   K, V, BT, BK, BV, STAGES, True, state_l, chunk_l)
+                                   K, V, BT, BK, BV, STAGES, True, state_l, chunk_l, flags, AWAIT)
     else:
         w_s, k_s, q_s, p_s, u_s = _chunk_stages(dtype, STAGES, BT, BK, BV)
         scales_s = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * BT],
                                              gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
 
         chunks = ((end - start + BT - 1) // BT).to(gl.int32)
-        # AWAIT: the prepare pass runs beside this one, or ran just before it (packed sequences never): each
-        # chunk's copies wait for its flag (ready_flags); a look-ahead past the last chunk copies nothing and
-        # waits for the last. Flags are numbered by batch row and chunk, from the segment's first.
-        flags = FLAGS + (n * ((T + BT - 1) // BT) + (start - n * T) // BT) * HV + i_hv
         last = gl.maximum(chunks - 1, 0)
         if LEADS:
             launch_dependents()

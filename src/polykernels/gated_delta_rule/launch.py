@@ -65,7 +65,7 @@ def plan_segments(
     *, key_dim: int = 128, value_dim: int = 128, register_tiles: Collection[int] = (),
     register_pairs: Collection[int] = (), concurrent_tiles: Mapping[int, int] | None = None,
     lead_tiles: Mapping[int, int] | None = None, lead_rates: LeadRates | None = None, packed: bool = False,
-    block_vs: tuple[int, int] | None = None,
+    block_vs: tuple[int, int] | None = None, concurrent_pairs: Collection[int] = (),
 ) -> SegmentPlan:
     """The V tile and the segments per sequence, from (N, HV, T, K, V, SMs).
 
@@ -86,6 +86,9 @@ def plan_segments(
     tiles one program takes there: taken for uncut sequences of at least CONCURRENT_MIN_CHUNKS chunks
     whose wide-tile programs leave at least half the SMs to the prepare pass (B1 T32768 with 32 value
     heads: 64 programs where 32-column tiles made 128 that ran after the prepare pass).
+    ``concurrent_pairs``: the V tiles at which two neighbouring tiles per program (two warpgroups) can run
+    beside the prepare pass, taken where one tile per program would leave it fewer than half the SMs and
+    the pairs do not (1 x 8192 with 64 value heads: 64 pair programs where there were 128).
     ``lead_tiles``: the V tiles at which the device can run a cut sequence's first segment (whose
     initial state is known) as an output pass beside the segment-state pass of its other segments
     (``lead``), each with the least chunks per segment it is taken for: the output pass after them then
@@ -142,6 +145,9 @@ def plan_segments(
     segments = max(1, min(segments, chunks))
     group = min((concurrent_tiles or {}).get(wide, 0), -(-value_dim // wide))  # tiles per program
     beside_programs = num_seqs * value_heads * -(-value_dim // (wide * group)) if group else 0
+    if not (group and 2 * beside_programs <= sm_count) and wide in concurrent_pairs and value_dim > wide:
+        group = 2
+        beside_programs = num_seqs * value_heads * -(-value_dim // (2 * wide))
     if (segments == 1 and num_segments is None and group and 2 * beside_programs <= sm_count
             and chunks >= CONCURRENT_MIN_CHUNKS):
         return SegmentPlan(segments=1, segment_chunks=chunks, block_v=wide, concurrent=True, warpgroups=group,
@@ -418,6 +424,11 @@ HOPPER_REGISTER_PAIRS: Mapping[int, int] = types.MappingProxyType({64: 2})
 # 128): the register-state pass's 64-column tiles per program (one warpgroup each) and its cp.async
 # stages there. An empty table turns it off.
 HOPPER_CONCURRENT: Mapping[int, tuple[int, int]] = types.MappingProxyType({128: (1, 3)})
+# Where one tile per program would leave the prepare pass fewer than half the SMs and two tiles per program
+# would not (plan_segments' concurrent_pairs), per K: the register-state pass's stages with two 64-column
+# tiles per program (two warpgroups) beside the prepare pass, in FlashInfer's order of the chain where
+# HOPPER_PAIRS_FROM_V. An empty table turns it off.
+HOPPER_CONCURRENT_PAIRS: Mapping[int, int] = types.MappingProxyType({128: 2})
 # Where the register-state pass takes two tiles per program (uncut sequences whose pairs fill every SM)
 # at K = 128: the prepare pass stores T = (I + A)^-1 diag(beta) and k's per-token factor in w's and u's
 # places (no v read, no w or u formed) and the pass forms v_new = T (v - diag(factor) k h) itself,
@@ -662,7 +673,7 @@ def launch_tables(block_k: int, arch: str | None) -> tuple:
             tuple(HOPPER_REGISTER_CUT.items()), tuple(HOPPER_REGISTER_SEGMENT_STAGES.items()), HOPPER_PAIRS_FROM_V,
             tuple(HOPPER_LEAD_SEGMENT.items()), tuple(HOPPER_LEAD_BESIDE_PREPARE.items()), HOPPER_WARP_BLOCK_INVERSE,
             HOPPER_CONCURRENT_WARP_BLOCKS_GBPS, gluon_allowed(), SEGMENT_WINDOWS,
-            HOPPER_PACKED_WINDOWS, HOPPER_SCAN_WINDOWS)
+            HOPPER_PACKED_WINDOWS, HOPPER_SCAN_WINDOWS, tuple(HOPPER_CONCURRENT_PAIRS.items()))
 
 
 def concurrent_warp_blocks(heads: int, value_heads: int, dram_gbps: float | None,
@@ -762,7 +773,8 @@ def _recipe(
     lead_segment: tuple[tuple[int, int], ...] = (),
     lead_beside_prepare: tuple[tuple[int, LeadRates], ...] = (), warp_block_inverse: bool = False,
     concurrent_warp_blocks_gbps: float = math.inf, gluon: bool = True, segment_windows: bool = False,
-    packed_windows: bool = False, scan_windows: bool = False, *,
+    packed_windows: bool = False, scan_windows: bool = False,
+    concurrent_pairs: tuple[tuple[int, int], ...] = (), *,
     sms: int | None = None,
     dram_gbps: float | None = None,
 ) -> _Recipe:
@@ -776,6 +788,9 @@ def _recipe(
     caps = dict(hopper_prepare)
     gluon_prepare = key_dim in caps and on_hopper
     form = dict(hopper_concurrent).get(key_dim)  # (tiles per program, stages) beside the prepare pass
+    # Two tiles per program beside it where one leaves too few SMs, only in FlashInfer's order of the chain
+    pair_stages = (dict(concurrent_pairs).get(key_dim)
+                   if pairs_from_v and key_dim == 128 and value_dim % 128 == 0 else None)
     # A sequential pass may wait for the prepare pass launched after it (batch rows: the flags are numbered by row).
     overlap = gluon_prepare and not varlen and concurrent_passes_allowed()
     beside = form if overlap else None
@@ -789,7 +804,8 @@ def _recipe(
                              value_dim=value_dim, register_tiles=dict(hopper_register_stages) if on_hopper else (),
                              register_pairs=dict(hopper_register_pairs) if on_hopper else (),
                              concurrent_tiles={tile: beside[0] for tile in dict(hopper_register_stages)} if beside
-                             else None, lead_tiles=lead_tiles,
+                             else None, concurrent_pairs=tuple(dict(hopper_register_pairs)) if beside and pair_stages
+                             else (), lead_tiles=lead_tiles,
                              lead_rates=dict(lead_beside_prepare).get(key_dim) if overlap and lead_tiles else None,
                              packed=varlen, block_vs=block_vs)
 
@@ -854,8 +870,10 @@ def _recipe(
         register_stages = (dict(hopper_register_stages).get(block_v)
                            if lead or gluon_windows or (least is not None and segment_chunks >= least and segment_pass)
                            else None)
-    elif plan.concurrent and beside:
+    elif plan.concurrent and beside and plan.warpgroups == beside[0]:
         register_stages = beside[1]
+    elif plan.concurrent:  # two tiles per program where one left the prepare pass too few SMs
+        register_stages = pair_stages
     elif plan.warpgroups == 2:  # the plan pairs only tiles that table holds
         register_stages = dict(hopper_register_pairs)[plan.block_v]
     else:
@@ -867,7 +885,8 @@ def _recipe(
         recurrence_tail = {"STAGES": stages, "num_warps": 4 * plan.warpgroups}
     segment_tail = recurrence_tail
     segment_stages = dict(hopper_register_segment_stages).get(block_v) if segment_chunks and hopper_registers else None
-    from_v = (pairs_from_v and gluon_prepare and plan.warpgroups == 2 and not plan.concurrent and not segment_chunks
+    from_v = (pairs_from_v and gluon_prepare and plan.warpgroups == 2 and not segment_chunks
+              and (not plan.concurrent or plan.warpgroups != beside[0])
               and key_dim == 128 and value_dim % block_v == 0)
     if hopper_registers:
         recurrence_tail = {**recurrence_tail, "AWAIT": plan.concurrent, "FROM_V": from_v, "LEAD": False,
@@ -906,7 +925,8 @@ def _recipe(
               device, seen, block_vs, launch, prepare_launch, hopper_stages, hopper_prepare, hopper_register_stages,
               hopper_register_pairs, hopper_concurrent, combine_launch, hopper_register_cut,
               hopper_register_segment_stages, pairs_from_v, lead_segment, lead_beside_prepare,
-              warp_block_inverse, concurrent_warp_blocks_gbps, gluon, segment_windows, packed_windows, scan_windows),
+              warp_block_inverse, concurrent_warp_blocks_gbps, gluon, segment_windows, packed_windows, scan_windows,
+              concurrent_pairs),
         chunks_per_seq=chunks_per_seq, segment_chunks=segment_chunks,
         segments_per_seq=segments_per_seq, max_segments=max_segments, segment_tokens=segment_tokens,
         prepare_grid=(max_chunks, value_heads),

@@ -14,6 +14,7 @@ from polykernels.gated_delta_rule.guards import dot_precision, prepare_precision
 from polykernels.gated_delta_rule.launch import (
     COMBINE_LAUNCH,
     HOPPER_CONCURRENT,
+    HOPPER_CONCURRENT_PAIRS,
     HOPPER_PREPARE,
     HOPPER_REGISTER_PAIRS,
     HOPPER_REGISTER_SEGMENT_STAGES,
@@ -288,6 +289,31 @@ register(KernelSpec(
     constexprs={**_SHAPE, "V": 128, "BV": 2 * _WIDE_BV, "NV": 128 // (2 * _WIDE_BV), "VARLEN": True, "LOG_N": 4,
                 "HAS_INITIAL": True, "SEGMENT_STATE": False, "STORE_FINAL": True,
                 "STAGES": HOPPER_REGISTER_PAIRS[_WIDE_BV], "AWAIT": False, "FROM_V": True},
+    allowed=_on_hopper, platform_constexprs=_precision,
+    options={"num_warps": 8},
+))
+# launch.HOPPER_CONCURRENT_PAIRS (sm_90, K = 128): the same pairs beside the prepare pass, waiting for each
+# chunk's ready flag (one sequence per batch row), and the prepare pass storing T that raises the flags.
+register(KernelSpec(
+    name="gdn_prepare_hopper_t_concurrent", module="polykernels.gated_delta_rule.hopper_prepare_kernels",
+    function="gdn_prepare_hopper_kernel",
+    signature={**{name: ("*fp32" if name == "U_ptr" else kind) for name, kind in _PREPARE_SIGNATURE.items()
+                  if kind != "constexpr"},
+               "FLAGS": "*i32", "SEQUENTIAL_PROGRAMS": "i32",
+               **{name: kind for name, kind in _PREPARE_SIGNATURE.items() if kind == "constexpr"},
+               "CONCURRENT": "constexpr", "STORE_T": "constexpr", "WARP_BLOCKS": "constexpr"},
+    constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV,
+                "VARLEN": False, "CONCURRENT": True, "STORE_T": True, "WARP_BLOCKS": HOPPER_WARP_BLOCK_INVERSE},
+    allowed=_on_hopper, platform_constexprs=functools.partial(_prepare_precision, False),
+    options={"num_warps": 4, **({"maxnreg": _PREPARE_CAP} if _PREPARE_CAP else {})},
+))
+register(KernelSpec(
+    name="gdn_recurrence_hopper_rs_pair_from_v_concurrent",
+    module="polykernels.gated_delta_rule.hopper_register_kernels",
+    function="gdn_recurrence_hopper_rs_kernel", signature={**_RS_SIGNATURE, "FROM_V": "constexpr"},
+    constexprs={**_SHAPE, "V": 128, "BV": 2 * _WIDE_BV, "NV": 128 // (2 * _WIDE_BV), "VARLEN": False, "LOG_N": 4,
+                "HAS_INITIAL": True, "SEGMENT_STATE": False, "STORE_FINAL": True,
+                "STAGES": HOPPER_CONCURRENT_PAIRS[128], "AWAIT": True, "FROM_V": True},
     allowed=_on_hopper, platform_constexprs=_precision,
     options={"num_warps": 8},
 ))

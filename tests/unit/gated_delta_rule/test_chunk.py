@@ -281,6 +281,16 @@ def test_segment_plan_runs_the_passes_side_by_side_where_wide_tiles_leave_half_t
     assert "32 sequential programs (N x HV x V/128)" in pairs.reason
     narrow_head = plan_segments(1, 32768, 66, 132, value_dim=64, register_tiles=(64,), concurrent_tiles={64: 2})
     assert (narrow_head.concurrent, narrow_head.warpgroups) == (True, 1)
+    # concurrent_pairs: two tiles per program where one would leave the prepare pass too few SMs.
+    both = {**beside, "concurrent_pairs": (64,)}
+    wide = plan_segments(1, 8192, 64, 132, **both)  # 128 one-tile programs; 64 pairs leave 68 SMs
+    assert (wide.concurrent, wide.block_v, wide.warpgroups) == (True, 64, 2)
+    assert "64 sequential programs (N x HV x V/128) on SMs of their own beside the prepare pass on the other 68" in (
+        wide.reason)
+    assert not plan_segments(1, 8192, 64, 132, **beside).concurrent  # no pairs beside: after the prepare pass
+    assert plan_segments(1, 32768, 32, 132, **both).warpgroups == 1  # one tile per program where it leaves half
+    assert not plan_segments(1, 8192, 80, 132, **both).concurrent  # 80 pairs take over half the SMs
+    assert not plan_segments(1, short, 64, 132, **both).concurrent
 
 
 def test_concurrent_recipe_launches_the_prepare_pass_as_the_waiting_sequential_pass_dependent(
@@ -321,9 +331,23 @@ def test_concurrent_recipe_launches_the_prepare_pass_as_the_waiting_sequential_p
     assert paired.concurrent and paired.recurrence_grid == (1, 1, 32) and paired.sequential_programs == 32
     assert (paired.recurrence_meta["BV"], paired.recurrence_meta["STAGES"], paired.recurrence_meta["num_warps"]) == (
         128, 2, 8)
-    monkeypatch.setattr(launch, "HOPPER_CONCURRENT", {})  # an empty table turns it off
+    monkeypatch.setattr(launch, "HOPPER_CONCURRENT", {128: (1, 3)})
+    # One tile per program would leave too few SMs: the pairs beside the prepare pass, FlashInfer's order of the
+    # chain (the prepare pass stores T), launch.HOPPER_CONCURRENT_PAIRS's stages.
+    wide = _sm90_recipe(monkeypatch, 1, 8192, 16, 64, None)
+    assert wide.concurrent and wide.from_v and wide.recurrence_grid == (1, 1, 64) and wide.sequential_programs == 64
+    assert (wide.recurrence_meta["BV"], wide.recurrence_meta["STAGES"], wide.recurrence_meta["num_warps"]) == (
+        128, launch.HOPPER_CONCURRENT_PAIRS[128], 8)
+    assert wide.recurrence_meta["AWAIT"] and wide.recurrence_meta["FROM_V"]
+    assert wide.prepare_meta["CONCURRENT"] and wide.prepare_meta["STORE_T"] and wide.prepare_meta["launch_pdl"]
+    monkeypatch.setattr(launch, "HOPPER_CONCURRENT_PAIRS", {})  # an empty table: the pairs after the prepare pass
+    serial = _sm90_recipe(monkeypatch, 1, 8192, 16, 64, None)
+    assert not serial.concurrent and serial.recurrence_meta["BV"] == 64
+    monkeypatch.setattr(launch, "HOPPER_CONCURRENT_PAIRS", {128: 2})
+    monkeypatch.setattr(launch, "HOPPER_CONCURRENT", {})  # an empty table turns it off, the pairs beside too
     off = _sm90_recipe(monkeypatch, 1, 32768, 32, 32, None)
     assert not off.concurrent and off.recurrence_meta["BV"] == 32
+    assert not _sm90_recipe(monkeypatch, 1, 8192, 16, 64, None).concurrent
 
 
 @pytest.mark.parametrize(("heads", "dram_gbps", "per_warp"), [
@@ -1051,6 +1075,52 @@ def test_gpu_passes_side_by_side_match_them_one_after_the_other(gpu_device: str,
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize(("batch", "tokens", "value_heads"), [(1, 8192 + 37, 64), (2, 8192, 32)],
+                         ids=["B1-tail-chunk", "B2"])
+def test_gpu_pairs_beside_the_prepare_pass_match_them_one_after_the_other(gpu_device: str,
+                                                                          monkeypatch: pytest.MonkeyPatch, batch: int,
+                                                                          tokens: int, value_heads: int) -> None:
+    # Where one 64-column tile per program would leave the prepare pass fewer than half the SMs, two per program
+    # run beside it in FlashInfer's order of the chain (launch.HOPPER_CONCURRENT_PAIRS, the prepare pass storing
+    # T): every bit of o and the final state as the same kernels give one after the other, from the Python path,
+    # the replayed launch program and a CUDA graph.
+    if torch.cuda.get_device_capability(gpu_device) != (9, 0):
+        pytest.skip("the passes run side by side on sm_90 only")
+    from polykernels import _programs, platform
+    from polykernels.gated_delta_rule import launch
+
+    sm_count = platform.sm_count(torch.device(gpu_device))
+    if not 4 * batch * value_heads > sm_count >= 2 * batch * value_heads:
+        pytest.skip("on this GPU one tile per program leaves half the SMs, or the pairs do not")
+    inputs = make_inputs(batch, tokens, 8, value_heads, 128, 128, torch.bfloat16, device=gpu_device)
+    h0 = torch.randn(batch, value_heads, 128, 128, device=gpu_device)
+    recipe = launch._recipe(inputs[0].shape, inputs[2].shape, torch.bfloat16, None, batch, True, True, False, None,
+                            inputs[0].device, platform.current(), *_tables_here(128))
+    assert recipe.concurrent and recipe.from_v and recipe.plan.warpgroups == 2
+    registered = _registered_programs(monkeypatch)
+
+    def call(num_segments=None):
+        return launch_chunk_gated_delta_rule(*inputs, 128**-0.5, h0, True, None, False, num_segments)
+
+    def public():
+        return chunk_gated_delta_rule(*inputs, initial_state=h0, output_final_state=True)
+
+    first, replayed = public(), public()
+    if _programs.enabled():  # the flags zeroed, the pairs, the prepare pass as their dependent
+        (steps,) = registered
+        assert len(steps) == 3 and steps[2].launcher.described(steps[2].spec_key).dependent
+    captured = _replayed_from_a_graph(public)
+    assert ran_side_by_side(launch)
+    with monkeypatch.context() as tables:
+        for name in ("RECURRENCE_BLOCK_V", "HOPPER_CONCURRENT"):
+            tables.setattr(launch, name, getattr(launch, name))  # restored after serial_at_64 replaces them
+        tables.setattr(platform, "sm_count", lambda device: 1)  # the serial plan then pairs the tiles
+        want = serial_at_64(launch, call)
+    for got in (first, replayed, captured):
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 # launch.HOPPER_LEAD_BESIDE_PREPARE's rates that give the lead beside the prepare pass a head start of ten
 # chunks at any size (a prepare pass that costs nothing, its first chunk ready before the start): the plan
 # then takes that form, with the first segment the longer one, in the small shapes of the GPU tests.
@@ -1660,8 +1730,10 @@ def test_kernels_compile_for_amd(target: str) -> None:
                                         "gdn_recurrence_hopper_rs", "gdn_recurrence_hopper_rs_pair",
                                         "gdn_prepare_hopper_concurrent", "gdn_prepare_hopper_concurrent_warp",
                                         "gdn_recurrence_hopper_rs_concurrent", "gdn_segment_state_hopper_rs",
-                                        "gdn_prepare_hopper_t",
-                                        "gdn_recurrence_hopper_rs_pair_from_v", "gdn_recurrence_hopper_rs_lead",
+                                        "gdn_prepare_hopper_t", "gdn_prepare_hopper_t_concurrent",
+                                        "gdn_recurrence_hopper_rs_pair_from_v",
+                                        "gdn_recurrence_hopper_rs_pair_from_v_concurrent",
+                                        "gdn_recurrence_hopper_rs_lead",
                                         "gdn_segment_state_hopper_rs_after_lead",
                                         "gdn_recurrence_hopper_rs_after_lead",
                                         "gdn_recurrence_hopper_rs_lead_beside_prepare",
