@@ -427,7 +427,9 @@ HOPPER_CONCURRENT: Mapping[int, tuple[int, int]] = types.MappingProxyType({128: 
 # Where one tile per program would leave the prepare pass fewer than half the SMs and two tiles per program
 # would not (plan_segments' concurrent_pairs), per K: the register-state pass's stages with two 64-column
 # tiles per program (two warpgroups) beside the prepare pass, in FlashInfer's order of the chain where
-# HOPPER_PAIRS_FROM_V. An empty table turns it off.
+# HOPPER_PAIRS_FROM_V (only there). On an H100 at 1x8192 16/64: 0.448 -> 0.380 ms, both passes ending together
+# (BENCHMARKS.md, "thirty-sixth set"); after the prepare pass the same pairs were 9.5% slower. An empty table
+# turns it off.
 HOPPER_CONCURRENT_PAIRS: Mapping[int, int] = types.MappingProxyType({128: 2})
 # Where the register-state pass takes two tiles per program (uncut sequences whose pairs fill every SM)
 # at K = 128: the prepare pass stores T = (I + A)^-1 diag(beta) and k's per-token factor in w's and u's
