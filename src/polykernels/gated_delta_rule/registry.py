@@ -270,53 +270,34 @@ for _name, _packed in (("gdn_recurrence_hopper_rs_after_windows", False),
     ))
 # launch.HOPPER_PAIRS_FROM_V (sm_90, K = 128): the prepare pass storing T and k's factor in w, and the
 # two-warpgroup register-state pass forming v_new from v and T.
-register(KernelSpec(
-    name="gdn_prepare_hopper_t", module="polykernels.gated_delta_rule.hopper_prepare_kernels",
-    function="gdn_prepare_hopper_kernel",
-    signature={**{name: ("*fp32" if name == "U_ptr" else kind) for name, kind in _PREPARE_SIGNATURE.items()
-                  if kind != "constexpr"},
-               "FLAGS": "*i32", "SEQUENTIAL_PROGRAMS": "i32",
-               **{name: kind for name, kind in _PREPARE_SIGNATURE.items() if kind == "constexpr"},
-               "CONCURRENT": "constexpr", "STORE_T": "constexpr", "WARP_BLOCKS": "constexpr"},
-    constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV,
-                "VARLEN": True, "CONCURRENT": False, "STORE_T": True, "WARP_BLOCKS": HOPPER_WARP_BLOCK_INVERSE},
-    allowed=_on_hopper, platform_constexprs=functools.partial(_prepare_precision, False),
-    options={"num_warps": 4, **({"maxnreg": _PREPARE_CAP} if _PREPARE_CAP else {})},
-))
-register(KernelSpec(
-    name="gdn_recurrence_hopper_rs_pair_from_v", module="polykernels.gated_delta_rule.hopper_register_kernels",
-    function="gdn_recurrence_hopper_rs_kernel", signature={**_RS_SIGNATURE, "FROM_V": "constexpr"},
-    constexprs={**_SHAPE, "V": 128, "BV": 2 * _WIDE_BV, "NV": 128 // (2 * _WIDE_BV), "VARLEN": True, "LOG_N": 4,
-                "HAS_INITIAL": True, "SEGMENT_STATE": False, "STORE_FINAL": True,
-                "STAGES": HOPPER_REGISTER_PAIRS[_WIDE_BV], "AWAIT": False, "FROM_V": True},
-    allowed=_on_hopper, platform_constexprs=_precision,
-    options={"num_warps": 8},
-))
-# launch.HOPPER_CONCURRENT_PAIRS (sm_90, K = 128): the same pairs beside the prepare pass, waiting for each
-# chunk's ready flag (one sequence per batch row), and the prepare pass storing T that raises the flags.
-register(KernelSpec(
-    name="gdn_prepare_hopper_t_concurrent", module="polykernels.gated_delta_rule.hopper_prepare_kernels",
-    function="gdn_prepare_hopper_kernel",
-    signature={**{name: ("*fp32" if name == "U_ptr" else kind) for name, kind in _PREPARE_SIGNATURE.items()
-                  if kind != "constexpr"},
-               "FLAGS": "*i32", "SEQUENTIAL_PROGRAMS": "i32",
-               **{name: kind for name, kind in _PREPARE_SIGNATURE.items() if kind == "constexpr"},
-               "CONCURRENT": "constexpr", "STORE_T": "constexpr", "WARP_BLOCKS": "constexpr"},
-    constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV,
-                "VARLEN": False, "CONCURRENT": True, "STORE_T": True, "WARP_BLOCKS": HOPPER_WARP_BLOCK_INVERSE},
-    allowed=_on_hopper, platform_constexprs=functools.partial(_prepare_precision, False),
-    options={"num_warps": 4, **({"maxnreg": _PREPARE_CAP} if _PREPARE_CAP else {})},
-))
-register(KernelSpec(
-    name="gdn_recurrence_hopper_rs_pair_from_v_concurrent",
-    module="polykernels.gated_delta_rule.hopper_register_kernels",
-    function="gdn_recurrence_hopper_rs_kernel", signature={**_RS_SIGNATURE, "FROM_V": "constexpr"},
-    constexprs={**_SHAPE, "V": 128, "BV": 2 * _WIDE_BV, "NV": 128 // (2 * _WIDE_BV), "VARLEN": False, "LOG_N": 4,
-                "HAS_INITIAL": True, "SEGMENT_STATE": False, "STORE_FINAL": True,
-                "STAGES": HOPPER_CONCURRENT_PAIRS[128], "AWAIT": True, "FROM_V": True},
-    allowed=_on_hopper, platform_constexprs=_precision,
-    options={"num_warps": 8},
-))
+# Also their form beside the prepare pass (launch.HOPPER_CONCURRENT_PAIRS): the pairs waiting for each chunk's
+# ready flag (one sequence per batch row), the prepare pass raising them.
+for _suffix, _concurrent, _stages in (("", False, HOPPER_REGISTER_PAIRS[_WIDE_BV]),
+                                      ("_concurrent", True, HOPPER_CONCURRENT_PAIRS[128])):
+    register(KernelSpec(
+        name="gdn_prepare_hopper_t" + _suffix, module="polykernels.gated_delta_rule.hopper_prepare_kernels",
+        function="gdn_prepare_hopper_kernel",
+        signature={**{name: ("*fp32" if name == "U_ptr" else kind) for name, kind in _PREPARE_SIGNATURE.items()
+                      if kind != "constexpr"},
+                   "FLAGS": "*i32", "SEQUENTIAL_PROGRAMS": "i32",
+                   **{name: kind for name, kind in _PREPARE_SIGNATURE.items() if kind == "constexpr"},
+                   "CONCURRENT": "constexpr", "STORE_T": "constexpr", "WARP_BLOCKS": "constexpr"},
+        constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV,
+                    "VARLEN": not _concurrent, "CONCURRENT": _concurrent, "STORE_T": True,
+                    "WARP_BLOCKS": HOPPER_WARP_BLOCK_INVERSE},
+        allowed=_on_hopper, platform_constexprs=functools.partial(_prepare_precision, False),
+        options={"num_warps": 4, **({"maxnreg": _PREPARE_CAP} if _PREPARE_CAP else {})},
+    ))
+    register(KernelSpec(
+        name="gdn_recurrence_hopper_rs_pair_from_v" + _suffix,
+        module="polykernels.gated_delta_rule.hopper_register_kernels",
+        function="gdn_recurrence_hopper_rs_kernel", signature={**_RS_SIGNATURE, "FROM_V": "constexpr"},
+        constexprs={**_SHAPE, "V": 128, "BV": 2 * _WIDE_BV, "NV": 128 // (2 * _WIDE_BV), "VARLEN": not _concurrent,
+                    "LOG_N": 4, "HAS_INITIAL": True, "SEGMENT_STATE": False, "STORE_FINAL": True, "STAGES": _stages,
+                    "AWAIT": _concurrent, "FROM_V": True},
+        allowed=_on_hopper, platform_constexprs=_precision,
+        options={"num_warps": 8},
+    ))
 # launch.HOPPER_LEAD_SEGMENT (sm_90, cut sequences): each sequence's first segment's output pass (LEAD), the
 # segment-state pass of the segments after it as that launch's programmatic dependent, and the output
 # pass of the segments after the first (AFTER_LEAD), each program scanning the segment states up to its own.

@@ -1014,6 +1014,29 @@ def _registered_programs(monkeypatch: pytest.MonkeyPatch) -> list:
     return registered
 
 
+def _side_by_side_calls(monkeypatch: pytest.MonkeyPatch, inputs, h0) -> tuple:
+    """The public op from h0 with the final state: its Python path, its replayed launch program (the flags
+    zeroed, the sequential pass, the prepare pass as its programmatic dependent) and a CUDA graph of it;
+    then the direct launch at a given segment count, for the oracle."""
+    from polykernels import _programs
+    from polykernels._programs import Zero
+
+    registered = _registered_programs(monkeypatch)
+
+    def public():
+        return chunk_gated_delta_rule(*inputs, initial_state=h0, output_final_state=True)
+
+    def call(num_segments=None):
+        return launch_chunk_gated_delta_rule(*inputs, 128**-0.5, h0, True, None, False, num_segments)
+
+    first, replayed = public(), public()
+    if _programs.enabled():
+        (steps,) = registered
+        assert isinstance(steps[0], Zero) and len(steps) == 3
+        assert steps[2].launcher.described(steps[2].spec_key).dependent
+    return first, replayed, _replayed_from_a_graph(public), call
+
+
 def _tables_here(key_dim: int) -> tuple:
     """The launch tables' entries a call with K = ``key_dim`` reads on this GPU (``launch._recipe``'s arguments)."""
     from polykernels import platform
@@ -1035,8 +1058,7 @@ def test_gpu_passes_side_by_side_match_them_one_after_the_other(gpu_device: str,
     # Each form of launch.HOPPER_CONCURRENT (tiles per program, stages), the kept one and those measured.
     if torch.cuda.get_device_capability(gpu_device) != (9, 0):
         pytest.skip("the passes run side by side on sm_90 only")
-    from polykernels import _programs, platform
-    from polykernels._programs import Zero
+    from polykernels import platform
     from polykernels.gated_delta_rule import launch
 
     monkeypatch.setattr(launch, "HOPPER_CONCURRENT", {128: form})
@@ -1045,20 +1067,7 @@ def test_gpu_passes_side_by_side_match_them_one_after_the_other(gpu_device: str,
         pytest.skip("this GPU has too few SMs for the sequential programs to leave half of them")
     inputs = make_inputs(batch, tokens, 8, value_heads, 128, 128, torch.bfloat16, device=gpu_device)
     h0 = torch.randn(batch, value_heads, 128, 128, device=gpu_device)
-    registered = _registered_programs(monkeypatch)
-
-    def call(num_segments=None):
-        return launch_chunk_gated_delta_rule(*inputs, 128**-0.5, h0, True, None, False, num_segments)
-
-    def public():
-        return chunk_gated_delta_rule(*inputs, initial_state=h0, output_final_state=True)
-
-    first, replayed = public(), public()
-    if _programs.enabled():  # the flags zeroed, the sequential pass, the prepare pass as its dependent
-        (steps,) = registered
-        assert isinstance(steps[0], Zero) and len(steps) == 3
-        assert steps[2].launcher.described(steps[2].spec_key).dependent
-    captured = _replayed_from_a_graph(public)
+    first, replayed, captured, call = _side_by_side_calls(monkeypatch, inputs, h0)
     with monkeypatch.context() as tables:
         for name in ("RECURRENCE_BLOCK_V", "HOPPER_CONCURRENT"):
             tables.setattr(launch, name, getattr(launch, name))  # restored after serial_at_64 replaces them
@@ -1087,7 +1096,7 @@ def test_gpu_pairs_beside_the_prepare_pass_match_them_one_after_the_other(gpu_de
     # the replayed launch program and a CUDA graph.
     if torch.cuda.get_device_capability(gpu_device) != (9, 0):
         pytest.skip("the passes run side by side on sm_90 only")
-    from polykernels import _programs, platform
+    from polykernels import platform
     from polykernels.gated_delta_rule import launch
 
     sm_count = platform.sm_count(torch.device(gpu_device))
@@ -1098,19 +1107,7 @@ def test_gpu_pairs_beside_the_prepare_pass_match_them_one_after_the_other(gpu_de
     recipe = launch._recipe(inputs[0].shape, inputs[2].shape, torch.bfloat16, None, batch, True, True, False, None,
                             inputs[0].device, platform.current(), *_tables_here(128))
     assert recipe.concurrent and recipe.from_v and recipe.plan.warpgroups == 2
-    registered = _registered_programs(monkeypatch)
-
-    def call(num_segments=None):
-        return launch_chunk_gated_delta_rule(*inputs, 128**-0.5, h0, True, None, False, num_segments)
-
-    def public():
-        return chunk_gated_delta_rule(*inputs, initial_state=h0, output_final_state=True)
-
-    first, replayed = public(), public()
-    if _programs.enabled():  # the flags zeroed, the pairs, the prepare pass as their dependent
-        (steps,) = registered
-        assert len(steps) == 3 and steps[2].launcher.described(steps[2].spec_key).dependent
-    captured = _replayed_from_a_graph(public)
+    first, replayed, captured, call = _side_by_side_calls(monkeypatch, inputs, h0)
     assert ran_side_by_side(launch)
     with monkeypatch.context() as tables:
         for name in ("RECURRENCE_BLOCK_V", "HOPPER_CONCURRENT"):
