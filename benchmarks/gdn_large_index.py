@@ -1,11 +1,13 @@
 """The >2^31-element check on a GPU: one long run vs the same tokens in chained pieces.
 
 HV = 32, K = V = 128: q, k, v and o [1, T, 32, 128] pass 2^31 elements beyond 524,288 tokens.
-An int32 offset there reads out of bounds or wraps. The long run is made four times: on the
+An int32 offset there reads out of bounds or wraps. The long run is made five times: on the
 whole-sequence path, on the context-parallel (segmented) one, whole with 64-column V tiles (on
-sm_90 the sequential pass with the state in registers), and as the plan would run it (on sm_90:
-that pass and the prepare pass side by side, ready flags between them); each piece of the chained
-run is below 2^31 elements, so it is a reference that needs no dense fp64 recurrence.
+sm_90 the sequential pass with the state in registers), as the plan would run it (on sm_90:
+that pass and the prepare pass side by side, ready flags between them), and as the plan would run
+it on a GPU of 100 SMs (on sm_90: two tiles per sequential program beside the prepare pass, which
+stores (I + A)^-1 diag(beta)); each piece of the chained run is below 2^31 elements, so it is a
+reference that needs no dense fp64 recurrence.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ import time
 from collections.abc import Iterator
 
 import torch
+
+
+def _no_change() -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext()
 
 
 @contextlib.contextmanager
@@ -32,6 +38,26 @@ def _wide_tiles() -> Iterator[None]:
         launch.RECURRENCE_BLOCK_V = saved
 
 
+@contextlib.contextmanager
+def _planned_for_sms(count: int) -> Iterator[None]:
+    """The plan made for a GPU of ``count`` SMs: 32 value heads' 64 one-tile programs then take over half
+    of 100, their 32 pairs do not (launch.HOPPER_CONCURRENT_PAIRS). The recipes and launch programs made for
+    the GPU's own count are dropped before and after."""
+    from polykernels import _programs, platform
+    from polykernels.gated_delta_rule import launch
+
+    saved = platform.sm_count
+    launch._recipe.cache_clear()
+    _programs.clear()
+    platform.sm_count = lambda device=None: count
+    try:
+        yield
+    finally:
+        platform.sm_count = saved
+        launch._recipe.cache_clear()
+        _programs.clear()
+
+
 def run_large_index_check(tokens: int = 2**31 // (32 * 128) + 4096, device: str = "cuda", segments: int = 4) -> dict:
     from polykernels.gated_delta_rule import chunk_gated_delta_rule
 
@@ -43,30 +69,47 @@ def run_large_index_check(tokens: int = 2**31 // (32 * 128) + 4096, device: str 
     v = torch.randn(shape, device=device, dtype=torch.bfloat16, generator=gen)
     g = torch.nn.functional.logsigmoid(torch.randn(1, tokens, heads, device=device, generator=gen)) * 0.1
     beta = torch.rand(1, tokens, heads, device=device, generator=gen).sigmoid().bfloat16()
-    # Four paths over the same tokens: whole (one program per V tile and head walks every chunk),
+    # Five paths over the same tokens: whole (one program per V tile and head walks every chunk),
     # forced context parallelism (segment states, combine, recurrence per segment), whole at the
-    # wide V tile, and the plan's own choice (no num_segments: the passes side by side on sm_90).
+    # wide V tile, the plan's own choice (no num_segments: the passes side by side on sm_90), and the
+    # plan's choice for 100 SMs (the pairs beside the prepare pass on sm_90). Each is held to the chained
+    # pieces run as the plan runs them on the same GPU: the last path's pieces are planned for 100 SMs too
+    # (its prepare pass rounds (I + A)^-1 diag(beta) where the others' rounds w and u).
+    def hundred_sms() -> contextlib.AbstractContextManager[None]:
+        return _planned_for_sms(100)
+
+    paths = (("whole", 1, _no_change, _no_change), ("segmented", segments, _no_change, _no_change),
+             ("whole_wide", 1, _wide_tiles, _no_change), ("planned", None, _no_change, _no_change),
+             ("planned_100_sms", None, hundred_sms, hundred_sms))
     full = {}
-    for label, forced, wide in (("whole", 1, False), ("segmented", segments, False), ("whole_wide", 1, True),
-                                ("planned", None, False)):
+    for label, forced, form, _ in paths:
         start = time.perf_counter()
-        with _wide_tiles() if wide else contextlib.nullcontext():
+        with form():
             full[label] = chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, num_segments=forced)
         torch.cuda.synchronize()
         full[label] += (round(time.perf_counter() - start, 3),)
     step = -(-tokens // segments // 64) * 64
-    state, errors, sq_ref = None, dict.fromkeys(full, 0.0), 0.0
-    for begin in range(0, tokens, step):
-        end = min(tokens, begin + step)
-        o, state = chunk_gated_delta_rule(q[:, begin:end], k[:, begin:end], v[:, begin:end], g[:, begin:end],
-                                          beta[:, begin:end], initial_state=state, output_final_state=True)
-        for label, (full_o, _, _) in full.items():
-            errors[label] += float((o.double() - full_o[:, begin:end].double()).pow(2).sum())
-        sq_ref += float(o.double().pow(2).sum())
+    errors, chained_states = dict.fromkeys(full, 0.0), {}
+    for reference in dict.fromkeys(ref for *_, ref in paths):  # each reference form once, in order
+        labels = [label for label, *_, ref in paths if ref is reference]
+        state, sq_ref = None, 0.0
+        with reference():
+            for begin in range(0, tokens, step):
+                end = min(tokens, begin + step)
+                o, state = chunk_gated_delta_rule(q[:, begin:end], k[:, begin:end], v[:, begin:end],
+                                                  g[:, begin:end], beta[:, begin:end], initial_state=state,
+                                                  output_final_state=True)
+                for label in labels:
+                    errors[label] += float((o.double() - full[label][0][:, begin:end].double()).pow(2).sum())
+                sq_ref += float(o.double().pow(2).sum())
+        for label in labels:
+            errors[label] = (errors[label] / sq_ref) ** 0.5
+            chained_states[label] = state
     result = {"tokens": tokens, "elements": tokens * heads * dim, "segments": segments,
               "device": torch.cuda.get_device_name(0)}
     for label, (_, full_state, seconds) in full.items():
-        result[f"{label}_o_error"] = (errors[label] / sq_ref) ** 0.5
+        result[f"{label}_o_error"] = errors[label]
+        state = chained_states[label]
         result[f"{label}_state_error"] = float((state - full_state).pow(2).mean().sqrt()
                                                / full_state.pow(2).mean().sqrt())
         result[f"{label}_seconds"] = seconds

@@ -1703,9 +1703,10 @@ def test_gpu_eager_calls_with_one_cu_seqlens_synchronize_once(gpu_device: str) -
 @pytest.mark.slow
 def test_gpu_offsets_past_2_pow_31_elements(gpu_device: str) -> None:
     # HV = 32, K = V = 128: q, k, v and o pass 2^31 elements beyond 524,288 tokens, on the whole,
-    # segmented (context-parallel), wide-tile and planned paths (on sm_90 the last runs the two passes
-    # side by side). The oracle needs no dense reference: the same sequence in pieces chained through
-    # final_state -> initial_state must give the same output and state.
+    # segmented (context-parallel), wide-tile and planned paths (on sm_90 the planned one runs the two
+    # passes side by side), and as planned for 100 SMs (on sm_90 the pairs beside the prepare pass). The
+    # oracle needs no dense reference: the same sequence in pieces chained through final_state ->
+    # initial_state must give the same output and state.
     from benchmarks.gdn_large_index import run_large_index_check
 
     result = run_large_index_check(device=gpu_device)
