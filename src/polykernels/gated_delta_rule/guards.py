@@ -27,14 +27,18 @@ def choose(device_type: str) -> Choice:
                             "N x HV x V/128 programs still fill the SMs, at K = 128 forming v_new from v and the "
                             "prepare pass's (I + A)^-1 diag(beta): launch.HOPPER_PAIRS_FROM_V; beside the "
                             "prepare pass, waiting for each "
-                            "chunk's ready flag, where its N x HV x V/64 programs leave half the SMs to it: "
-                            "ready_flags; for cut sequences (batch rows or packed), each sequence's first segment "
+                            "chunk's ready flag, where its N x HV x V/64 programs leave half the SMs to it, or "
+                            "else its N x HV x V/128 pairs do: ready_flags, launch.HOPPER_CONCURRENT_PAIRS); "
+                            "each segment state from the segment's last chunks where the gates have decayed "
+                            "the rest below 2^-30, the output programs scanning back to the last such window "
+                            "(launch.SEGMENT_WINDOWS, launch.HOPPER_SCAN_WINDOWS); without them, for cut "
+                            "sequences (batch rows or packed), each sequence's first segment "
                             "through the output pass beside the other segments' segment-state pass, one segment more "
                             "per sequence (packed: as many as fit one wave whatever their lengths), "
                             "each output program scanning the segment states up to its own: "
                             "launch.HOPPER_LEAD_SEGMENT; where its rates estimate it shorter, that first "
                             "segment launched first beside the prepare pass, waiting for each chunk's ready flag, "
-                            "and the longer one: launch.HOPPER_LEAD_BESIDE_PREPARE)")
+                            "and the longer one: launch.HOPPER_LEAD_BESIDE_PREPARE")
 
 
 def dot_precision(fp32_inputs: bool) -> str:
