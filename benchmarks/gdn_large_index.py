@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import time
 from collections.abc import Iterator
 
 import torch
-
-
-def _no_change() -> contextlib.AbstractContextManager[None]:
-    return contextlib.nullcontext()
 
 
 @contextlib.contextmanager
@@ -75,12 +72,9 @@ def run_large_index_check(tokens: int = 2**31 // (32 * 128) + 4096, device: str 
     # plan's choice for 100 SMs (the pairs beside the prepare pass on sm_90). Each is held to the chained
     # pieces run as the plan runs them on the same GPU: the last path's pieces are planned for 100 SMs too
     # (its prepare pass rounds (I + A)^-1 diag(beta) where the others' rounds w and u).
-    def hundred_sms() -> contextlib.AbstractContextManager[None]:
-        return _planned_for_sms(100)
-
-    paths = (("whole", 1, _no_change, _no_change), ("segmented", segments, _no_change, _no_change),
-             ("whole_wide", 1, _wide_tiles, _no_change), ("planned", None, _no_change, _no_change),
-             ("planned_100_sms", None, hundred_sms, hundred_sms))
+    same, hundred_sms = contextlib.nullcontext, functools.partial(_planned_for_sms, 100)
+    paths = (("whole", 1, same, same), ("segmented", segments, same, same), ("whole_wide", 1, _wide_tiles, same),
+             ("planned", None, same, same), ("planned_100_sms", None, hundred_sms, hundred_sms))
     full = {}
     for label, forced, form, _ in paths:
         start = time.perf_counter()

@@ -829,6 +829,8 @@ def _recipe(
         plan = replace(plan, reason=plan.reason + "; each segment state from its last chunks where the gates have "
                                                   "decayed the rest below 2^-30 (the segments whole where not)")
     segment_chunks = plan.segment_chunks if plan.segments > 1 else 0
+    # Beside the prepare pass at two tiles per program where HOPPER_CONCURRENT's own form left it too few SMs.
+    pairs_beside = plan.concurrent and plan.warpgroups != beside[0]
     # The Gluon output programs scan back to the last window themselves (hopper_register_kernels.
     # _state_after_windows; from the initial state where no window is found) and no combine pass runs.
     after_windows = gluon_windows and scan_windows
@@ -872,10 +874,8 @@ def _recipe(
         register_stages = (dict(hopper_register_stages).get(block_v)
                            if lead or gluon_windows or (least is not None and segment_chunks >= least and segment_pass)
                            else None)
-    elif plan.concurrent and beside and plan.warpgroups == beside[0]:
-        register_stages = beside[1]
-    elif plan.concurrent:  # two tiles per program where one left the prepare pass too few SMs
-        register_stages = pair_stages
+    elif plan.concurrent:
+        register_stages = pair_stages if pairs_beside else beside[1]
     elif plan.warpgroups == 2:  # the plan pairs only tiles that table holds
         register_stages = dict(hopper_register_pairs)[plan.block_v]
     else:
@@ -888,8 +888,7 @@ def _recipe(
     segment_tail = recurrence_tail
     segment_stages = dict(hopper_register_segment_stages).get(block_v) if segment_chunks and hopper_registers else None
     from_v = (pairs_from_v and gluon_prepare and plan.warpgroups == 2 and not segment_chunks
-              and (not plan.concurrent or plan.warpgroups != beside[0])
-              and key_dim == 128 and value_dim % block_v == 0)
+              and (not plan.concurrent or pairs_beside) and key_dim == 128 and value_dim % block_v == 0)
     if hopper_registers:
         recurrence_tail = {**recurrence_tail, "AWAIT": plan.concurrent, "FROM_V": from_v, "LEAD": False,
                            "AFTER_LEAD": lead, "FIRST_TAKES_REST": beside_prepare,
