@@ -78,9 +78,12 @@ def run_large_index_check(tokens: int = 2**31 // (32 * 128) + 4096, device: str 
     full = {}
     for label, forced, form, _ in paths:
         start = time.perf_counter()
-        with form():
-            full[label] = chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, num_segments=forced)
-        torch.cuda.synchronize()
+        try:
+            with form():
+                full[label] = chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, num_segments=forced)
+            torch.cuda.synchronize()
+        except RuntimeError as error:  # a fault surfaces at the synchronize: say which path made it
+            raise RuntimeError(f"the {label} path of the >2^31-element check failed: {error}") from error
         full[label] += (round(time.perf_counter() - start, 3),)
     step = -(-tokens // segments // 64) * 64
     errors, chained_states = dict.fromkeys(full, 0.0), {}

@@ -908,7 +908,7 @@ def _recipe(
     # segment states' where the lead runs beside the prepare pass (hopper_register_kernels).
     flag_count = (max_chunks * value_heads + 2 if plan.concurrent else max_chunks * value_heads + 3 if beside_prepare
                   else 2 if lead else 0)
-    inverse_beside = ""
+    inverse_beside, per_warp_beside = "", False
     if gluon_prepare:
         # Beside the sequential pass: its programmatic dependent, started once every sequential program
         # has (ready_flags.launch_dependents), on the SMs they left; its inverse's per-warp levels there
@@ -927,7 +927,10 @@ def _recipe(
               hopper_register_pairs, hopper_concurrent, combine_launch, hopper_register_cut,
               hopper_register_segment_stages, pairs_from_v, lead_segment, lead_beside_prepare,
               warp_block_inverse, concurrent_warp_blocks_gbps, gluon, segment_windows, packed_windows, scan_windows,
-              concurrent_pairs),
+              concurrent_pairs,
+              # What the plan read beyond the arguments (the device's SM count and DRAM, the environment): the
+              # launchers keep each compiled kernel by this spec, so recipes that differ there only must not share.
+              sm_count, overlap, per_warp_beside),
         chunks_per_seq=chunks_per_seq, segment_chunks=segment_chunks,
         segments_per_seq=segments_per_seq, max_segments=max_segments, segment_tokens=segment_tokens,
         prepare_grid=(max_chunks, value_heads),

@@ -1,7 +1,12 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -243,15 +248,15 @@ def _needs_register_state_passes(gpu_device: str) -> None:
 
 
 def _sm90_recipe(monkeypatch: pytest.MonkeyPatch, batch: int, tokens: int, heads: int, value_heads: int,
-                 num_segments: int | None, packed: int | None = None, has_initial: bool = False):
-    """launch._recipe for bf16 K = V = 128 inputs on an sm_90 of 132 SMs, with the launch tables as they are
+                 num_segments: int | None, packed: int | None = None, has_initial: bool = False, sms: int = 132):
+    """launch._recipe for bf16 K = V = 128 inputs on an sm_90 of ``sms`` SMs, with the launch tables as they are
     (``packed``: that many sequences packed in one batch row of ``tokens``, int32 cu_seqlens)."""
     from polykernels import platform
     from polykernels.gated_delta_rule import launch
     from polykernels.platform import Platform
 
     monkeypatch.setattr(launch, "_triton_release", lambda: "3.6")
-    monkeypatch.setattr(platform, "sm_count", lambda device: 132)
+    monkeypatch.setattr(platform, "sm_count", lambda device: sms)
     seen = Platform(backend="cuda", arch="sm_90", device_name=None, warp_size=32, runtime_version=None)
     return launch._recipe(
         torch.Size([batch, tokens, heads, 128]), torch.Size([batch, tokens, value_heads, 128]), torch.bfloat16,
@@ -348,6 +353,28 @@ def test_concurrent_recipe_launches_the_prepare_pass_as_the_waiting_sequential_p
     off = _sm90_recipe(monkeypatch, 1, 32768, 32, 32, None)
     assert not off.concurrent and off.recurrence_meta["BV"] == 32
     assert not _sm90_recipe(monkeypatch, 1, 8192, 16, 64, None).concurrent
+
+
+def test_recipes_planned_for_other_devices_or_environments_never_share_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The launchers keep each compiled kernel by the recipe's spec. Recipes of the same arguments whose plans read
+    # another SM count, DRAM bandwidth or environment launch other kernels, so their specs must differ too: the
+    # >2^31-element check, planning for 100 SMs after a call planned for the GPU's own count, ran the one-tile
+    # kernel on the pairs' arguments (an illegal address) while the spec left the SM count out.
+    from polykernels import platform
+    from polykernels.gated_delta_rule import launch
+
+    for variable in ("CUDA_LAUNCH_BLOCKING", *launch.INJECTED_TOOL_VARIABLES, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"):
+        monkeypatch.delenv(variable, raising=False)
+    recipes = []
+    for sms, dram_gbps, overlap in ((132, 3352.0, "1"), (100, 3352.0, "1"), (132, 4800.0, "1"), (132, 3352.0, "0")):
+        monkeypatch.setenv("POLYKERNELS_GDN_CONCURRENT", overlap)
+        monkeypatch.setattr(platform, "dram_gbps", lambda device, gbps=dram_gbps: gbps)
+        launch._recipe.cache_clear()
+        recipes.append(_sm90_recipe(monkeypatch, 1, 32768, 32, 32, None, sms=sms))
+    launch._recipe.cache_clear()
+    kernels = {(str(recipe.prepare_meta), str(recipe.recurrence_meta)) for recipe in recipes}
+    assert len(kernels) == len(recipes)  # one-tile beside, pairs beside, per-warp inverse beside, one after the other
+    assert len({recipe.spec for recipe in recipes}) == len(recipes)
 
 
 @pytest.mark.parametrize(("heads", "dram_gbps", "per_warp"), [
@@ -1706,10 +1733,14 @@ def test_gpu_offsets_past_2_pow_31_elements(gpu_device: str) -> None:
     # segmented (context-parallel), wide-tile and planned paths (on sm_90 the planned one runs the two
     # passes side by side), and as planned for 100 SMs (on sm_90 the pairs beside the prepare pass). The
     # oracle needs no dense reference: the same sequence in pieces chained through final_state ->
-    # initial_state must give the same output and state.
-    from benchmarks.gdn_large_index import run_large_index_check
-
-    result = run_large_index_check(device=gpu_device)
+    # initial_state must give the same output and state. It runs in a process of its own: a fault there
+    # (an offset that wraps) would leave this worker's CUDA context unusable for every test after it.
+    root = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    run = subprocess.run([sys.executable, "-m", "benchmarks.gdn_large_index"], check=False, cwd=root,
+                         env=env, capture_output=True, text=True, timeout=1800)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["elements"] > 2**31 and result["segments"] > 1
     assert result["o_error"] < 5e-3 and result["state_error"] < 5e-3, result
 
