@@ -1,12 +1,7 @@
 from __future__ import annotations
 
 import itertools
-import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -1735,10 +1730,14 @@ def test_gpu_offsets_past_2_pow_31_elements(gpu_device: str) -> None:
     # oracle needs no dense reference: the same sequence in pieces chained through final_state ->
     # initial_state must give the same output and state. It runs in a process of its own: a fault there
     # (an offset that wraps) would leave this worker's CUDA context unusable for every test after it.
-    root = Path(__file__).resolve().parents[3]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
-    run = subprocess.run([sys.executable, "-m", "benchmarks.gdn_large_index"], check=False, cwd=root,
-                         env=env, capture_output=True, text=True, timeout=1800)
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    # (python -m puts the repository root, its working directory, on the path for `benchmarks`.)
+    run = subprocess.run([sys.executable, "-m", "benchmarks.gdn_large_index"], check=False,
+                         cwd=Path(__file__).resolve().parents[3], capture_output=True, text=True, timeout=1800)
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
     assert result["elements"] > 2**31 and result["segments"] > 1
