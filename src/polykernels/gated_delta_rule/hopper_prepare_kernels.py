@@ -129,16 +129,18 @@ def gdn_prepare_hopper_kernel(
     BV: gl.constexpr, NV: gl.constexpr, L2NORM: gl.constexpr, VARLEN: gl.constexpr, LOG_N: gl.constexpr,
     DOT_PRECISION: gl.constexpr, INVERSE_PRECISION: gl.constexpr, CONCURRENT: gl.constexpr,
     STORE_T: gl.constexpr = False, WARP_BLOCKS: gl.constexpr = False, GROWTH: gl.constexpr = False,
+    SCORE_FACTORS: gl.constexpr = False,
 ):
     gl.static_assert(K == BK, "the Hopper prepare pass takes whole K rows (K a power of two)")
     gl.static_assert(INVERSE_PRECISION == "bf16", "the Hopper prepare pass rounds the inverse's operands to bf16")
+    gl.static_assert(STORE_T or not SCORE_FACTORS, "SCORE_FACTORS: the pairs form P where they form v_new (STORE_T)")
     i_c, i_hv = _chunk_program(gl.program_id(0), gl.program_id(1), gl.num_programs(0), HV)
     i_h = i_hv // (HV // H)
     chunk_start, length = _chunk_span(i_c, CU, T, N, CHUNKS_PER_SEQ, BT, VARLEN, LOG_N)
     if length > 0:
         _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr,
                        chunk_start, length.to(gl.int32), i_h, i_hv, scale, H, HV, K, V, BT, BK, BV, NV, L2NORM,
-                       STORE_T, WARP_BLOCKS, GROWTH)
+                       STORE_T, WARP_BLOCKS, GROWTH, SCORE_FACTORS)
     if CONCURRENT:  # the sequential pass runs beside this one and waits for this chunk (ready_flags)
         raise_flag(FLAGS + i_c * HV + i_hv)
         programs = gl.num_programs(0) * gl.num_programs(1)
@@ -149,7 +151,8 @@ def gdn_prepare_hopper_kernel(
 def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr,
                    chunk_start, length, i_h, i_hv, scale, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
                    V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr, NV: gl.constexpr,
-                   L2NORM: gl.constexpr, STORE_T: gl.constexpr, WARP_BLOCKS: gl.constexpr, GROWTH: gl.constexpr):
+                   L2NORM: gl.constexpr, STORE_T: gl.constexpr, WARP_BLOCKS: gl.constexpr, GROWTH: gl.constexpr,
+                   SCORE_FACTORS: gl.constexpr):
     dtype: gl.constexpr = K_ptr.dtype.element_ty
     square: gl.constexpr = _mma_layout(BT)  # BT x BT products
     wide: gl.constexpr = _mma_layout(BK)  # BT x K products (w)
@@ -166,7 +169,8 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
     # q and k go from cp.async straight into the products: their norms, beta and the gates scale the
     # products' rows and columns (and (I + A)^-1's columns) instead of the tiles.
     _copy_tile(k_s, K_ptr + qk_base, 0, length, 0, K, H * K, BT, BK, False, True)
-    _copy_tile(q_s, Q_ptr + qk_base, 0, length, 0, K, H * K, BT, BK, False, True)
+    if L2NORM or not SCORE_FACTORS:  # with SCORE_FACTORS q's tile is read for its norms only
+        _copy_tile(q_s, Q_ptr + qk_base, 0, length, 0, K, H * K, BT, BK, False, True)
     async_copy.commit_group()
     # v's first tile is on its way behind them: issued after the first products (into q's tile), its
     # copies held up the inverse's first step.
@@ -185,7 +189,8 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
     # Step 1: k k^T and the scores q k^T, from the tiles as they came in.
     zero = gl.zeros([BT, BT], gl.float32, layout=square)
     kk = warpgroup_mma(k_s, k_s.permute((1, 0)), zero, use_acc=False, is_async=True)
-    scores = warpgroup_mma(q_s, k_s.permute((1, 0)), zero, use_acc=False, is_async=True)
+    if not SCORE_FACTORS:
+        scores = warpgroup_mma(q_s, k_s.permute((1, 0)), zero, use_acc=False, is_async=True)
     # Meanwhile: the gate cumsum as a masked row sum in the products' layout, and (l2norm) q's norms
     # (a third product for them held the pass's registers past its cap).
     gc = gl.sum(gl.where(r[:, None] >= c[None, :], g_c[None, :], 0.0), axis=1)
@@ -198,7 +203,10 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
         rq = gl.convert_layout(gl.rsqrt(gl.sum(q * q, axis=1) + 1e-6), gl.SliceLayout(1, square))
     else:
         rq = gl.full([BT], 1.0, gl.float32, layout=gl.SliceLayout(1, square))
-    kk, scores = warpgroup_mma_wait(0, deps=(kk, scores))
+    if SCORE_FACTORS:
+        kk = warpgroup_mma_wait(0, deps=(kk,))
+    else:
+        kk, scores = warpgroup_mma_wait(0, deps=(kk, scores))
 
     # The first non-finite row of k, g or beta ends the chunk's valid rows. A non-finite k row has a
     # non-finite ||k||^2 on k k^T's diagonal; only then (or when ||k||^2 overflows) are k's rows read
@@ -220,7 +228,8 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
         # The products' entries of the rows from the bad one on (NaN where k's row is) leave the scaling
         # below as zeros: it multiplies by zero there, and 0 x NaN is NaN.
         kk = gl.where((r < first_bad)[:, None] & (c < first_bad)[None, :], kk, 0.0)
-        scores = gl.where((c < first_bad)[None, :], scores, 0.0)
+        if not SCORE_FACTORS:
+            scores = gl.where((c < first_bad)[None, :], scores, 0.0)
     keep_r, keep_c = r < first_bad, c < first_bad
     rk = _inverse_row_norm(kk, r, c, L2NORM)
     if GROWTH:  # log2 of the chunk's bound on its transition's growth beyond its decay (launch.SEGMENT_WINDOWS)
@@ -236,7 +245,8 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
     s_r = gc * _LOG2E + gl.log2(scale * rq)
     # z = -rest of the block doubling below, at its first level -A.
     z = gl.where(r[:, None] > c[None, :], kk * -_exp2(a_r[:, None] - b_c[None, :]), 0.0)
-    scores = gl.where(r[:, None] >= c[None, :], scores * _exp2(s_r[:, None] - b_c[None, :]), 0.0)
+    if not SCORE_FACTORS:
+        scores = gl.where(r[:, None] >= c[None, :], scores * _exp2(s_r[:, None] - b_c[None, :]), 0.0)
 
     # Step 2: (I + A)^-1 by block doubling. -N goes through shared memory, the right operand of each
     # level's products; their left operands (the inverse so far, z = -rest) come from registers.
@@ -256,8 +266,14 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
     # z times the inverse so far (per-warp levels), or z (I - N) of the first level.
     z = warpgroup_mma(gl.convert_layout(z.to(gl.bfloat16), left), step_s, zero if WARP_BLOCKS else z,
                       use_acc=not WARP_BLOCKS, is_async=True)
-    # In the first product's shadow: the scores leave.
-    _store_rows(P_ptr + row_of * BT, scores.to(P_ptr.dtype.element_ty), length, BT, HV * BT, BT, BT)
+    # In the first product's shadow: the scores leave, or (SCORE_FACTORS) their row and column exponents,
+    # from which the pairs form them (hopper_register_kernels._scores).
+    if SCORE_FACTORS:
+        factors = P_ptr + (row_of + r * HV) * 2
+        gl.store(factors, s_r, mask=r < length)
+        gl.store(factors + 1, b_by_row, mask=r < length)
+    else:
+        _store_rows(P_ptr + row_of * BT, scores.to(P_ptr.dtype.element_ty), length, BT, HV * BT, BT, BT)
     z = warpgroup_mma_wait(0, deps=(z,))
     for level in gl.static_range(first_shared_level, CHUNK_INVERSE_LEVELS):
         step = _doubling_step(z, r, c, level)

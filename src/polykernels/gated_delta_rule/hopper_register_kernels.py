@@ -82,6 +82,7 @@ from polykernels.gated_delta_rule.hopper_kernels import (
     _smem_layout,
     _store_segment_state,
 )
+from polykernels.gated_delta_rule.hopper_prepare_kernels import _exp2
 
 # Scalar arithmetic only (no layouts), so the Triton helper serves Gluon kernels too.
 from polykernels.gated_delta_rule.kernels import (
@@ -313,16 +314,18 @@ def _store_output_t(O_ptr, out_s, chunk_start, end, i_hv, col0, HV: gl.constexpr
 @gluon.jit
 def _copy_chunk_from_v(chunk_start, end, stage, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr, KS_ptr,
                        WS_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
-                       V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr):
+                       V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr, SCORES: gl.constexpr):
     """The FROM_V form's chunk, one cp.async group: T (BT x BT), k, v's columns, q, P, and the
-    scales (q's, k's, then w's factor of k and k's again: two power-of-two vectors)."""
+    scales (q's, k's, then w's factor of k and k's again: two power-of-two vectors). SCORES: no P, but
+    the exponents P is formed from (``_scores``), rows' then columns', after the scales."""
     row_of = chunk_start * HV + i_hv
     qk_chunk = (chunk_start * H + i_h) * K
     _copy_tile(t_s.index(stage), T_ptr + row_of * BT, chunk_start, end, 0, BT, HV * BT, BT, BT, False, True)
     _copy_tile(k_s.index(stage), K_ptr + qk_chunk, chunk_start, end, 0, K, H * K, BT, BK, False, True)
     _copy_tile(v_s.index(stage), V_ptr + row_of * V, chunk_start, end, col0, V, HV * V, BT, BV, False, V % BV == 0)
     _copy_tile(q_s.index(stage), Q_ptr + qk_chunk, chunk_start, end, 0, K, H * K, BT, BK, False, True)
-    _copy_tile(p_s.index(stage), P_ptr + row_of * BT, chunk_start, end, 0, BT, HV * BT, BT, BT, False, True)
+    if not SCORES:
+        _copy_tile(p_s.index(stage), P_ptr + row_of * BT, chunk_start, end, 0, BT, HV * BT, BT, BT, False, True)
     layout: gl.constexpr = _vector_layout(gl.num_warps())
     i = gl.arange(0, 2 * BT, layout=layout)
     token = i % BT
@@ -332,6 +335,9 @@ def _copy_chunk_from_v(chunk_start, end, stage, i_h, i_hv, col0, Q_ptr, K_ptr, T
                                            gl.where(i < BT, QS_ptr + offsets, KS_ptr + offsets), inside)
     async_copy.async_copy_global_to_shared(scales_s.index(stage).slice(2 * BT, 2 * BT),
                                            gl.where(i < BT, WS_ptr + offsets, KS_ptr + offsets), inside)
+    if SCORES:  # each token's two exponents side by side (hopper_prepare_kernels' SCORE_FACTORS)
+        async_copy.async_copy_global_to_shared(scales_s.index(stage).slice(4 * BT, 2 * BT),
+                                               P_ptr + offsets * 2 + (i >= BT).to(gl.int32), inside)
     async_copy.commit_group()
 
 
@@ -374,28 +380,52 @@ def _chunk_in(c, start, DECAY_ptr, i_hv, HV: gl.constexpr, BT: gl.constexpr, STA
     return chunk_start, stage, decay
 
 
+@gluon.constexpr_function
+def _scores_layout(chunk, warps):
+    # P (chunk x chunk) over every warpgroup of the program: each takes its own columns.
+    groups = warps // 4
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, groups], instr_shape=[16, chunk // groups, 16])
+
+
+@gluon.jit
+def _scores(qk, factors, BT: gl.constexpr):
+    """P = q k^T with the gates, the norms and the scale, causal: qk_rc 2^(s_r - b_c) where r >= c, from
+    the exponents the prepare pass stores (SCORE_FACTORS; b_c is +inf past a chunk's valid rows). The
+    arithmetic is the prepare pass's, so P's bits are the ones it would have stored."""
+    layout: gl.constexpr = qk.type.layout
+    r = gl.arange(0, BT, layout=gl.SliceLayout(1, layout))
+    c = gl.arange(0, BT, layout=gl.SliceLayout(0, layout))
+    s_r = factors.slice(0, BT).load(gl.SliceLayout(1, layout))
+    b_c = factors.slice(BT, BT).load(gl.SliceLayout(0, layout))
+    return gl.where(r[:, None] >= c[None, :], qk * _exp2(s_r[:, None] - b_c[None, :]), 0.0)
+
+
 @gluon.jit
 def _chunks_from_v(state, start, end, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr, KS_ptr, WS_ptr,
                    DECAY_ptr, O_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, out_s, H: gl.constexpr, HV: gl.constexpr,
                    K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr,
                    STAGES: gl.constexpr, CHECKED: gl.constexpr, state_l: gl.constexpr, chunk_l: gl.constexpr,
-                   flags, AWAIT: gl.constexpr):
+                   flags, AWAIT: gl.constexpr, SCORES: gl.constexpr):
     """FlashInfer's order of the chain: v_new^T = (v^T - (k h)^T diag(ws)) T^T, three products on
     the state's path (k h, T, the update), with q h and P behind them (launch.HOPPER_PAIRS_FROM_V).
     CHECKED: each chunk's v and k rows from the first non-finite one are zeroed, and that row's outputs
     and the state poisoned, as the prepare pass does where it forms u. AWAIT: beside the prepare pass,
-    each chunk's copies wait for its ready flag, as in the kernel's other chain."""
+    each chunk's copies wait for its ready flag, as in the kernel's other chain. SCORES: the chunk's P is
+    formed here from its q and k tiles (``_scores``, both warpgroups a half each), not copied in: q k^T
+    issued first, scaled in the shadow of T's product and q h, and through shared memory to the output
+    product (the prepare pass then neither forms nor stores it: BENCHMARKS.md, "thirty-seventh set")."""
     dtype: gl.constexpr = T_ptr.dtype.element_ty
     state_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=chunk_l, k_width=2)
     update_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=state_l, k_width=2)
     tokens_of: gl.constexpr = gl.SliceLayout(0, chunk_l)
+    scores_l: gl.constexpr = _scores_layout(BT, gl.num_warps())
     chunks = ((end - start + BT - 1) // BT).to(gl.int32)
     last = gl.maximum(chunks - 1, 0)
     for ahead in gl.static_range(STAGES - 1):
         if AWAIT:
             await_flag(flags + gl.minimum(ahead, last) * HV)
         _copy_chunk_from_v(start + ahead * BT, end, ahead, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr,
-                           KS_ptr, WS_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, H, HV, K, V, BT, BK, BV)
+                           KS_ptr, WS_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, H, HV, K, V, BT, BK, BV, SCORES)
     zero = gl.zeros([BV, BT], gl.float32, layout=chunk_l)
     for c in range(0, chunks):
         chunk_start, stage, decay = _chunk_in(c, start, DECAY_ptr, i_hv, HV, BT, STAGES)
@@ -404,6 +434,9 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_pt
             nan = gl.full([BT], _NAN_BITS, gl.int32, layout=tokens_of).to(gl.float32, bitcast=True)
             poison = gl.where(gl.arange(0, BT, layout=tokens_of) < first_bad, 0.0, nan)
             decay = decay + gl.sum(poison, axis=0)
+        if SCORES:  # first: it needs only the chunk's tiles
+            qk = warpgroup_mma(q_s.index(stage), k_s.index(stage).permute((1, 0)),
+                               gl.zeros([BT, BT], gl.float32, layout=scores_l), use_acc=False, is_async=True)
         minus_h = gl.convert_layout((-state).to(dtype), state_a)
         minus_kh = warpgroup_mma(minus_h, k_s.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True)
         # While k h runs: the chunk STAGES - 1 ahead into the stage the previous chunk used.
@@ -411,12 +444,18 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_pt
             await_flag(flags + gl.minimum(c + STAGES - 1, last) * HV)
         _copy_chunk_from_v(chunk_start + (STAGES - 1) * BT, end, (c + STAGES - 1) % STAGES, i_h, i_hv, col0, Q_ptr,
                            K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr, KS_ptr, WS_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, H, HV,
-                           K, V, BT, BK, BV)
+                           K, V, BT, BK, BV, SCORES)
         w_scale = scales_s.index(stage).slice(2 * BT, BT).load(tokens_of)
         v_t = v_s.index(stage).permute((1, 0)).load(chunk_l).to(gl.float32)
-        minus_kh = warpgroup_mma_wait(0, deps=(minus_kh,))
+        if SCORES:  # q k^T was issued first: it is done before k h
+            minus_kh, qk = warpgroup_mma_wait(0, deps=(minus_kh, qk))
+        else:
+            minus_kh = warpgroup_mma_wait(0, deps=(minus_kh,))
         v_prime = gl.convert_layout((v_t + minus_kh * w_scale[None, :]).to(dtype), state_a)
         v_new = warpgroup_mma(v_prime, t_s.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True)
+        if SCORES:  # P into the stage's P tile (which no copy writes in this form), in the shadow of T's product
+            p_s.index(stage).store(_scores(qk, scales_s.index(stage).slice(4 * BT, 2 * BT), BT).to(dtype))
+            fence_async_shared()
         # q h behind T's product, off the state's path.
         minus_qh = warpgroup_mma(minus_h, q_s.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True)
         if c > 0:  # the previous chunk's output, while T's product and q h run
@@ -425,6 +464,8 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_pt
         v_new = warpgroup_mma_wait(1, deps=(v_new,))
         update = gl.convert_layout((v_new * k_scale[None, :]).to(dtype), update_a)
         state = warpgroup_mma(update, k_s.index(stage), state * decay, is_async=True)
+        if SCORES:
+            gl.thread_barrier()  # every warpgroup's half of P is in before either's output product reads it
         minus_q_scale = -scales_s.index(stage).slice(0, BT).load(tokens_of)
         if CHECKED:
             minus_q_scale = minus_q_scale + poison
@@ -450,7 +491,7 @@ def gdn_recurrence_hopper_rs_kernel(
     SEGMENT_STATE: gl.constexpr, STORE_FINAL: gl.constexpr, DOT_PRECISION: gl.constexpr,
     STAGES: gl.constexpr, AWAIT: gl.constexpr, FROM_V: gl.constexpr = False, LEAD: gl.constexpr = False,
     AFTER_LEAD: gl.constexpr = False, FIRST_TAKES_REST: gl.constexpr = False,
-    SEGMENT_WINDOW: gl.constexpr = False, AFTER_WINDOWS: gl.constexpr = False,
+    SEGMENT_WINDOW: gl.constexpr = False, AFTER_WINDOWS: gl.constexpr = False, SCORES: gl.constexpr = False,
 ):
     gl.static_assert(K == BK, "the Hopper pass takes whole K rows (K a power of two)")
     WARPS: gl.constexpr = gl.num_warps()
@@ -460,6 +501,7 @@ def gdn_recurrence_hopper_rs_kernel(
     gl.static_assert(not (AWAIT and SEGMENT_STATE and not AFTER_LEAD),
                      "segment states wait for ready flags only after a lead beside the prepare pass")
     gl.static_assert(not (FROM_V and (SEGMENT_STATE or AFTER_LEAD)), "FROM_V: uncut output passes only")
+    gl.static_assert(FROM_V or not SCORES, "SCORES: the FROM_V form forms P itself")
     gl.static_assert(not (LEAD and (SEGMENT_STATE or FROM_V or AFTER_LEAD)), "LEAD: an output pass")
     gl.static_assert(not SEGMENT_WINDOW or (SEGMENT_STATE and not AWAIT and not FIRST_TAKES_REST),
                      "SEGMENT_WINDOW: a segment-state pass after the prepare pass (its GROWTH in the decays)")
@@ -545,13 +587,13 @@ def gdn_recurrence_hopper_rs_kernel(
         q_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], _smem_layout(BT, BK))
         p_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BT], _smem_layout(BT, BT))
         v_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BV], _smem_layout(BT, BV))
-        scales_s = gl.allocate_shared_memory(gl.float32, [STAGES, 4 * BT],
+        scales_s = gl.allocate_shared_memory(gl.float32, [STAGES, (8 if SCORES else 4) * BT],
                                              gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
         out_s = gl.allocate_shared_memory(dtype, [2, BV, BT], gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8,
                                                                                       order=[0, 1]))
         state = _chunks_from_v(state, start, end, i_h, i_hv, col0, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr,
                                HLOC_ptr, DECAY_ptr, O_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, out_s, H, HV, K, V, BT,
-                               BK, BV, STAGES, False, state_l, chunk_l, flags, AWAIT)
+                               BK, BV, STAGES, False, state_l, chunk_l, flags, AWAIT, SCORES)
         # A non-finite v or k row reaches every row of T's product (0 x Inf), and from there the state:
         # the rare program whose state ends non-finite runs again, checking each chunk's v and k rows.
         if gl.max(gl.max(gl.where(state * 0.0 == 0.0, 0, 1), axis=1), axis=0) > 0:
@@ -562,7 +604,7 @@ def gdn_recurrence_hopper_rs_kernel(
                 state = gl.zeros([BV, BK], gl.float32, layout=state_l)
             state = _chunks_from_v(state, start, end, i_h, i_hv, col0, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr,
                                    KS_ptr, HLOC_ptr, DECAY_ptr, O_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, out_s, H, HV,
-                                   K, V, BT, BK, BV, STAGES, True, state_l, chunk_l, flags, AWAIT)
+                                   K, V, BT, BK, BV, STAGES, True, state_l, chunk_l, flags, AWAIT, SCORES)
     else:
         w_s, k_s, q_s, p_s, u_s = _chunk_stages(dtype, STAGES, BT, BK, BV)
         scales_s = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * BT],

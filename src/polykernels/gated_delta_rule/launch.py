@@ -438,6 +438,12 @@ HOPPER_CONCURRENT_PAIRS: Mapping[int, int] = types.MappingProxyType({128: 2})
 # us, sequential 366 -> 409); the one-warpgroup form lost (1x8192 16/64 +7%, 8x1024 +8%), BENCHMARKS.md
 # "twenty-sixth set".
 HOPPER_PAIRS_FROM_V = True
+# Where those pairs run after the prepare pass (not beside it), they also form each chunk's scores P = q k^T
+# (gated, scaled, causal) from the q and k tiles they copy anyway, from two exponents per token the prepare
+# pass stores in P's place; the prepare pass forms no P and stores none. A timing-only bound on an H100 at
+# B8 T4096 32/32 (P neither formed nor moved): -13.3%; beside the prepare pass (1x8192 16/64) +0.9%, where
+# the pairs' chain is the limit, so not there (BENCHMARKS.md, "thirty-seventh set").
+HOPPER_PAIRS_SCORES = True
 # Cut sequences on sm_90, per V tile of HOPPER_REGISTER_STAGES and
 # HOPPER_REGISTER_SEGMENT_STAGES, for segments of at least this many chunks: each sequence's first
 # segment runs its output pass (the register-state pass) beside the segment-state pass of its other
@@ -675,7 +681,7 @@ def launch_tables(block_k: int, arch: str | None) -> tuple:
             tuple(HOPPER_REGISTER_CUT.items()), tuple(HOPPER_REGISTER_SEGMENT_STAGES.items()), HOPPER_PAIRS_FROM_V,
             tuple(HOPPER_LEAD_SEGMENT.items()), tuple(HOPPER_LEAD_BESIDE_PREPARE.items()), HOPPER_WARP_BLOCK_INVERSE,
             HOPPER_CONCURRENT_WARP_BLOCKS_GBPS, gluon_allowed(), SEGMENT_WINDOWS,
-            HOPPER_PACKED_WINDOWS, HOPPER_SCAN_WINDOWS, tuple(HOPPER_CONCURRENT_PAIRS.items()))
+            HOPPER_PACKED_WINDOWS, HOPPER_SCAN_WINDOWS, tuple(HOPPER_CONCURRENT_PAIRS.items()), HOPPER_PAIRS_SCORES)
 
 
 def concurrent_warp_blocks(heads: int, value_heads: int, dram_gbps: float | None,
@@ -776,7 +782,7 @@ def _recipe(
     lead_beside_prepare: tuple[tuple[int, LeadRates], ...] = (), warp_block_inverse: bool = False,
     concurrent_warp_blocks_gbps: float = math.inf, gluon: bool = True, segment_windows: bool = False,
     packed_windows: bool = False, scan_windows: bool = False,
-    concurrent_pairs: tuple[tuple[int, int], ...] = (), *,
+    concurrent_pairs: tuple[tuple[int, int], ...] = (), pairs_scores: bool = False, *,
     sms: int | None = None,
     dram_gbps: float | None = None,
 ) -> _Recipe:
@@ -889,8 +895,10 @@ def _recipe(
     segment_stages = dict(hopper_register_segment_stages).get(block_v) if segment_chunks and hopper_registers else None
     from_v = (pairs_from_v and gluon_prepare and plan.warpgroups == 2 and not segment_chunks
               and (not plan.concurrent or pairs_beside) and key_dim == 128 and value_dim % block_v == 0)
+    scores_in_pairs = from_v and pairs_scores and not plan.concurrent  # HOPPER_PAIRS_SCORES
     if hopper_registers:
         recurrence_tail = {**recurrence_tail, "AWAIT": plan.concurrent, "FROM_V": from_v, "LEAD": False,
+                           **({"SCORES": True} if scores_in_pairs else {}),
                            "AFTER_LEAD": lead, "FIRST_TAKES_REST": beside_prepare,
                            **({"AFTER_WINDOWS": True} if after_windows else {})}
         if segment_chunks:  # the register-state segment-state pass, or hopper_kernels'
@@ -918,6 +926,7 @@ def _recipe(
             heads, value_heads, dram_gbps if sms else platform.dram_gbps(device), concurrent_warp_blocks_gbps
         ) if plan.concurrent else (False, "")
         prepare_tail = {"CONCURRENT": dependent, "num_warps": 4, "STORE_T": from_v, "GROWTH": gluon_windows,
+                        **({"SCORE_FACTORS": True} if scores_in_pairs else {}),
                         "WARP_BLOCKS": warp_block_inverse and (not dependent or per_warp_beside),
                         **({"maxnreg": caps[key_dim]} if caps[key_dim] else {}),
                         **({"launch_pdl": True} if dependent else {})}
@@ -927,7 +936,7 @@ def _recipe(
               hopper_register_pairs, hopper_concurrent, combine_launch, hopper_register_cut,
               hopper_register_segment_stages, pairs_from_v, lead_segment, lead_beside_prepare,
               warp_block_inverse, concurrent_warp_blocks_gbps, gluon, segment_windows, packed_windows, scan_windows,
-              concurrent_pairs,
+              concurrent_pairs, pairs_scores,
               # What the plan read beyond the arguments (the device's SM count and DRAM, the environment): the
               # launchers keep each compiled kernel by this spec, so recipes that differ there only must not share.
               sm_count, overlap, per_warp_beside),
@@ -973,7 +982,7 @@ def _recipe(
         plan=plan,
         workspace=_workspace(total, value_heads, key_dim, value_dim, dtype, max_segments, bool(segment_chunks),
                              flag_count, from_v,
-                             combined=not (lead or after_windows)),
+                             combined=not (lead or after_windows), score_factors=scores_in_pairs),
     )
 
 
@@ -983,7 +992,7 @@ class _Scratch(NamedTuple):
 
     w: object
     u: object
-    scores: object  # P, chunk x chunk per chunk and head
+    scores: object  # P, chunk x chunk per chunk and head (HOPPER_PAIRS_SCORES: two exponents per token)
     q_scale: object
     k_scale: object
     decay: object
@@ -1003,15 +1012,17 @@ class _Arguments(NamedTuple):
 
 
 def _workspace(total: int, value_heads: int, key_dim: int, value_dim: int, dtype: torch.dtype, max_segments: int,
-               segmented: bool, flags: int, from_v: bool = False, combined: bool = True) -> Layout:
+               segmented: bool, flags: int, from_v: bool = False, combined: bool = True,
+               score_factors: bool = False) -> Layout:
     """The parts of ``_Scratch``; those a class of call does not use are empty (``combined``: a combine
-    pass writes each segment's initial state; the lead form's output pass scans the segment states itself)."""
+    pass writes each segment's initial state; the lead form's output pass scans the segment states itself;
+    ``score_factors``: the pairs form P, from two exponents per token stored in its place)."""
     segments = max_segments if segmented else 0
     return Layout.of([
         ((total, value_heads, key_dim), dtype),
         # from_v: k's per-token factor in w (fp32) in u's place; T takes w's.
         ((total, value_heads), torch.float32) if from_v else ((total, value_heads, value_dim), dtype),
-        ((total, value_heads, CHUNK), dtype),
+        ((total, value_heads, 2), torch.float32) if score_factors else ((total, value_heads, CHUNK), dtype),
         *[((total, value_heads), torch.float32)] * 3,  # the q, k and decay scales
         ((segments, value_heads, key_dim, value_dim), torch.float32),
         ((segments, value_heads, key_dim, key_dim), torch.float32),

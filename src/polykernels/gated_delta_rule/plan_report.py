@@ -107,6 +107,8 @@ def _launch_line(name: str, grid: tuple[int, ...], meta: dict[str, object]) -> s
     waits = ", waits for each chunk's ready flag" if meta.get("AWAIT") else ""
     # The Gluon prepare pass's forms: what it stores for the pairs, and where its inverse's first levels run.
     stores = ", stores T = (I + A)^-1 diag(beta), the pass after it forms v_new" if meta.get("STORE_T") else ""
+    if meta.get("SCORE_FACTORS"):
+        stores += " and the scores P (from two exponents per token stored in P's place)"
     inverse = ", the inverse's levels joining 1 to 8 rows inside each warp" if meta.get("WARP_BLOCKS") else ""
     scans = (", each program's initial state scanned from the segment states back to the last window (no combine "
              "pass)" if meta.get("AFTER_WINDOWS") else "")

@@ -298,6 +298,38 @@ for _suffix, _concurrent, _stages in (("", False, HOPPER_REGISTER_PAIRS[_WIDE_BV
         allowed=_on_hopper, platform_constexprs=_precision,
         options={"num_warps": 8},
     ))
+# launch.HOPPER_PAIRS_SCORES: the same pair after the prepare pass, the pairs forming P from q and k and the
+# exponents the prepare pass stores in its place (two fp32 per token), so P's part of the workspace is fp32.
+register(KernelSpec(
+    name="gdn_prepare_hopper_t_scores", module="polykernels.gated_delta_rule.hopper_prepare_kernels",
+    function="gdn_prepare_hopper_kernel",
+    signature={**{name: ("*fp32" if name in ("U_ptr", "P_ptr") else kind) for name, kind in _PREPARE_SIGNATURE.items()
+                  if kind != "constexpr"},
+               "FLAGS": "*i32", "SEQUENTIAL_PROGRAMS": "i32",
+               **{name: kind for name, kind in _PREPARE_SIGNATURE.items() if kind == "constexpr"},
+               "CONCURRENT": "constexpr", "STORE_T": "constexpr", "WARP_BLOCKS": "constexpr",
+               "GROWTH": "constexpr", "SCORE_FACTORS": "constexpr"},
+    constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV, "VARLEN": False,
+                "CONCURRENT": False, "STORE_T": True, "WARP_BLOCKS": HOPPER_WARP_BLOCK_INVERSE, "GROWTH": False,
+                "SCORE_FACTORS": True},
+    allowed=_on_hopper, platform_constexprs=functools.partial(_prepare_precision, False),
+    options={"num_warps": 4, **({"maxnreg": _PREPARE_CAP} if _PREPARE_CAP else {})},
+))
+register(KernelSpec(
+    name="gdn_recurrence_hopper_rs_pair_from_v_scores", module="polykernels.gated_delta_rule.hopper_register_kernels",
+    function="gdn_recurrence_hopper_rs_kernel",
+    signature={**{name: ("*fp32" if name == "P_ptr" else kind) for name, kind in _RS_SIGNATURE.items()},
+               "FROM_V": "constexpr", "LEAD": "constexpr", "AFTER_LEAD": "constexpr",
+               "FIRST_TAKES_REST": "constexpr", "SEGMENT_WINDOW": "constexpr", "AFTER_WINDOWS": "constexpr",
+               "SCORES": "constexpr"},
+    constexprs={**_SHAPE, "V": 128, "BV": 2 * _WIDE_BV, "NV": 128 // (2 * _WIDE_BV), "VARLEN": False, "LOG_N": 4,
+                "HAS_INITIAL": True, "SEGMENT_STATE": False, "STORE_FINAL": True,
+                "STAGES": HOPPER_REGISTER_PAIRS[_WIDE_BV], "AWAIT": False, "FROM_V": True, "LEAD": False,
+                "AFTER_LEAD": False, "FIRST_TAKES_REST": False, "SEGMENT_WINDOW": False, "AFTER_WINDOWS": False,
+                "SCORES": True},
+    allowed=_on_hopper, platform_constexprs=_precision,
+    options={"num_warps": 8},
+))
 # launch.HOPPER_LEAD_SEGMENT (sm_90, cut sequences): each sequence's first segment's output pass (LEAD), the
 # segment-state pass of the segments after it as that launch's programmatic dependent, and the output
 # pass of the segments after the first (AFTER_LEAD), each program scanning the segment states up to its own.

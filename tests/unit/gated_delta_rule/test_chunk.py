@@ -629,6 +629,16 @@ def test_register_state_pass_pairs_tiles_where_the_pairs_fill_the_gpu(monkeypatc
     # HOPPER_PAIRS_FROM_V: the prepare pass stores T, the pairs form v_new from v (u's part holds k's factor)
     assert recipe.recurrence_meta["FROM_V"] and recipe.prepare_meta["STORE_T"]
     assert recipe.workspace.parts[1].shape == (8 * 4096, 32) and recipe.workspace.parts[1].dtype == torch.float32
+    # HOPPER_PAIRS_SCORES: after the prepare pass the pairs form P too, from two fp32 exponents per token in its place
+    assert recipe.recurrence_meta["SCORES"] and recipe.prepare_meta["SCORE_FACTORS"]
+    assert recipe.workspace.parts[2].shape == (8 * 4096, 32, 2) and recipe.workspace.parts[2].dtype == torch.float32
+    beside = _sm90_recipe(monkeypatch, 1, 8192, 16, 64, None)  # the pairs beside the prepare pass: P stored, as before
+    assert beside.concurrent and beside.recurrence_meta["FROM_V"] and not beside.recurrence_meta.get("SCORES")
+    assert not beside.prepare_meta.get("SCORE_FACTORS") and beside.workspace.parts[2].shape == (8192, 64, 64)
+    monkeypatch.setattr(launch, "HOPPER_PAIRS_SCORES", False)
+    recipe = _sm90_recipe(monkeypatch, 8, 4096, 32, 32, None)
+    assert recipe.recurrence_meta["FROM_V"] and not recipe.recurrence_meta.get("SCORES")
+    assert not recipe.prepare_meta.get("SCORE_FACTORS") and recipe.workspace.parts[2].shape == (8 * 4096, 32, 64)
     monkeypatch.setattr(launch, "HOPPER_PAIRS_FROM_V", False)
     recipe = _sm90_recipe(monkeypatch, 8, 4096, 32, 32, None)
     assert not recipe.recurrence_meta["FROM_V"] and not recipe.prepare_meta["STORE_T"]
@@ -938,7 +948,7 @@ def _starting_mid_row(tensor: torch.Tensor) -> torch.Tensor:
     (1000, 128, 128, None, None, torch.bfloat16, True)],
     ids=["K128", "K64-V100-packed-3seg", "K128-packed-3seg", "K128-V64-2seg", "K128-fp16", "K128-qk-mid-row"])
 @pytest.mark.parametrize("variant", ["shared-state", "register-state", "register-state-cut", "register-pair",
-                                     "register-pair-from-v"])
+                                     "register-pair-from-v", "register-pair-scores"])
 def test_gpu_hopper_pass_matches_the_portable_pass(gpu_device: str, monkeypatch: pytest.MonkeyPatch, tokens: int,
                                                    key_dim: int, value_dim: int, lengths, segments,
                                                    dtype: torch.dtype, mid_row: bool, variant: str) -> None:
@@ -948,13 +958,16 @@ def test_gpu_hopper_pass_matches_the_portable_pass(gpu_device: str, monkeypatch:
     # its two-warpgroup form, two tiles per program, against the one-warpgroup form): cp.async tiles
     # reading zeros past each sequence's end and past V (100 columns), fp16, and q, k views starting
     # off a 16-byte boundary (copied first). The pairs as they run at K = 128 (launch.HOPPER_PAIRS_FROM_V:
-    # the prepare pass stores T, the pairs form v_new from v) round v - diag(factor) k h to 16 bits where
-    # the one-warpgroup form rounds w and u: held to that form's error against the fp64 recurrence.
+    # the prepare pass stores T, the pairs form v_new from v; with launch.HOPPER_PAIRS_SCORES P from q and k too)
+    # round v - diag(factor) k h to 16 bits where the one-warpgroup form rounds w and u: held to that form's
+    # error against the fp64 recurrence.
     if torch.cuda.get_device_capability(gpu_device) != (9, 0):
         pytest.skip("the Gluon sequential passes run on sm_90 only; the other GPU tests cover this GPU's pass")
     from polykernels.gated_delta_rule import launch
 
-    monkeypatch.setattr(launch, "HOPPER_PAIRS_FROM_V", variant == "register-pair-from-v")
+    from_v = variant in ("register-pair-from-v", "register-pair-scores")
+    monkeypatch.setattr(launch, "HOPPER_PAIRS_FROM_V", from_v)
+    monkeypatch.setattr(launch, "HOPPER_PAIRS_SCORES", variant == "register-pair-scores")
 
     if variant == "shared-state":
         monkeypatch.setattr(launch, "HOPPER_REGISTER_STAGES", {})
@@ -984,7 +997,7 @@ def test_gpu_hopper_pass_matches_the_portable_pass(gpu_device: str, monkeypatch:
         return launch_chunk_gated_delta_rule(*inputs, key_dim**-0.5, h0, True, cu, False, segments)
 
     exact = None
-    if variant == "register-pair-from-v":
+    if from_v:
         exact = naive_recurrent_gated_delta_rule(*(t.double() for t in inputs), key_dim**-0.5, h0.double(), True, cu,
                                                  False)
     try:
@@ -1137,6 +1150,49 @@ def test_gpu_pairs_beside_the_prepare_pass_match_them_one_after_the_other(gpu_de
         tables.setattr(platform, "sm_count", lambda device: 1)  # the serial plan then pairs the tiles
         want = serial_at_64(launch, call)
     for got in (first, replayed, captured):
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("batch", "tokens", "lengths", "dtype"), [
+    (2, 4096 + 37, None, torch.bfloat16), (1, 3000, [1000, 0, 1, 1999], torch.bfloat16),
+    (2, 2048, None, torch.float16)], ids=["B2-tail-chunk", "packed", "fp16"])
+def test_gpu_pairs_forming_the_scores_match_the_stored_scores(gpu_device: str, monkeypatch: pytest.MonkeyPatch,
+                                                              batch: int, tokens: int, lengths,
+                                                              dtype: torch.dtype) -> None:
+    # launch.HOPPER_PAIRS_SCORES: the pairs after the prepare pass form P = q k^T (gated, scaled, causal) from the
+    # q and k tiles and two exponents per token, where the prepare pass formed and stored it. Same arithmetic in
+    # the same order: every bit of o and the final state as with P stored, from the Python path, the replayed
+    # launch program and a CUDA graph; packed sequences (an empty one, one of one token) and fp16 too.
+    if torch.cuda.get_device_capability(gpu_device) != (9, 0):
+        pytest.skip("the register-state pairs run on sm_90 only")
+    from polykernels import platform
+    from polykernels.gated_delta_rule import launch
+
+    monkeypatch.setattr(platform, "sm_count", lambda device: 1)  # the pairs fill a GPU of one SM
+    launch._recipe.cache_clear()
+    launch.forget_launchers()
+    inputs = make_inputs(batch, tokens, 4, 8, 128, 128, dtype, device=gpu_device)
+    cu = None if lengths is None else torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=gpu_device)
+    num_seqs = batch if lengths is None else len(lengths)
+    h0 = torch.randn(num_seqs, 8, 128, 128, device=gpu_device)
+    recipe = launch._recipe(inputs[0].shape, inputs[2].shape, dtype, None if cu is None else cu.dtype, num_seqs, True,
+                            True, False, None, inputs[0].device, platform.current(), *_tables_here(128))
+    assert recipe.recurrence_meta.get("SCORES") and recipe.prepare_meta.get("SCORE_FACTORS")
+
+    def public():
+        return chunk_gated_delta_rule(*inputs, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+
+    try:
+        runs = [public(), public(), _replayed_from_a_graph(public)]
+        monkeypatch.setattr(launch, "HOPPER_PAIRS_SCORES", False)
+        want = public()
+    finally:
+        monkeypatch.undo()
+        launch._recipe.cache_clear()
+        launch.forget_launchers()
+    assert torch.isfinite(want[0]).all() and torch.isfinite(want[1]).all()
+    for got in runs:
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
@@ -1761,6 +1817,7 @@ def test_kernels_compile_for_amd(target: str) -> None:
                                         "gdn_prepare_hopper_t", "gdn_prepare_hopper_t_concurrent",
                                         "gdn_recurrence_hopper_rs_pair_from_v",
                                         "gdn_recurrence_hopper_rs_pair_from_v_concurrent",
+                                        "gdn_prepare_hopper_t_scores", "gdn_recurrence_hopper_rs_pair_from_v_scores",
                                         "gdn_recurrence_hopper_rs_lead",
                                         "gdn_segment_state_hopper_rs_after_lead",
                                         "gdn_recurrence_hopper_rs_after_lead",
