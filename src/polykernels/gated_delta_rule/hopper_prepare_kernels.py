@@ -37,7 +37,11 @@ copied after the first products (BENCHMARKS.md, "sixteenth set"; the Triton kern
 
 With STORE_T (launch.HOPPER_PAIRS_FROM_V) the pass stores T = Ai diag(beta) in w's place and k's
 per-token factor in w in u's, and neither reads v nor forms w and u: the register-state pairs form
-v_new from v and T themselves.
+v_new from v and T themselves. With SCORE_FACTORS too (launch.HOPPER_PAIRS_SCORES, the pairs after this
+pass) it forms no scores either: it stores each token's two exponents of P (its row's, q's norm, the
+scale and the gates' cumsum; its column's, k's norm and the cumsum, +inf past the valid rows) in P's
+place, and the pairs form P from them and the q and k tiles they copy anyway. q is then read for its
+norms only, and not at all without the l2norm in the kernel.
 
 With CONCURRENT the pass runs beside the register-state sequential pass, as that launch's
 programmatic dependent: each program raises its (chunk, value head)'s ready flag after its stores,

@@ -27,7 +27,10 @@ P's tiles are never copied: two stages fit 81 KiB, two programs per SM).
 With FROM_V (launch.HOPPER_PAIRS_FROM_V, the two-warpgroup form of uncut sequences) the chain is
 FlashInfer's: v_new^T = (v^T - (k h)^T diag(factor)) T^T from v's tile and the prepare pass's T, three
 products on the state's path where the form above has two, and no w or u made or read (on the H200 at
-B8 T4096 32/32 the op 10.8% faster, BENCHMARKS.md "twenty-sixth set").
+B8 T4096 32/32 the op 10.8% faster, BENCHMARKS.md "twenty-sixth set"). With SCORES (launch.HOPPER_PAIRS_SCORES,
+the pairs after the prepare pass) each chunk's P is formed here, from the q and k tiles and two exponents
+per token (``_scores``), not copied in: on an H100 at B8 T4096 32/32 the op 4.5% faster, the same bits
+(BENCHMARKS.md "thirty-seventh set").
 
 With AWAIT the pass runs beside the prepare pass (launch.plan_segments' concurrent form: one
 sequence per batch row, wide-tile programs that leave at least half the SMs): it is launched first,

@@ -440,9 +440,11 @@ HOPPER_CONCURRENT_PAIRS: Mapping[int, int] = types.MappingProxyType({128: 2})
 HOPPER_PAIRS_FROM_V = True
 # Where those pairs run after the prepare pass (not beside it), they also form each chunk's scores P = q k^T
 # (gated, scaled, causal) from the q and k tiles they copy anyway, from two exponents per token the prepare
-# pass stores in P's place; the prepare pass forms no P and stores none. A timing-only bound on an H100 at
-# B8 T4096 32/32 (P neither formed nor moved): -13.3%; beside the prepare pass (1x8192 16/64) +0.9%, where
-# the pairs' chain is the limit, so not there (BENCHMARKS.md, "thirty-seventh set").
+# pass stores in P's place; the prepare pass forms no P and stores none (nor reads q, without the l2norm in
+# the kernel). On an H100 at B8 T4096 32/32: 0.797 -> 0.761 ms (-4.5%; prepare 321 -> 255 us, pairs 478 ->
+# 517), the same output bits. Beside the prepare pass (1x8192 16/64) the pairs' chain is the limit and P's
+# bytes bought nothing even for free (a timing-only bound: +0.9%), so not there (BENCHMARKS.md,
+# "thirty-seventh set").
 HOPPER_PAIRS_SCORES = True
 # Cut sequences on sm_90, per V tile of HOPPER_REGISTER_STAGES and
 # HOPPER_REGISTER_SEGMENT_STAGES, for segments of at least this many chunks: each sequence's first
