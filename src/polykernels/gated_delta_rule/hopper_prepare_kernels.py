@@ -93,6 +93,14 @@ def _exp2(x):
 
 
 @gluon.jit
+def gated_scores(qk, s_r, b_c, r, c):
+    """P from q k^T: qk_rc 2^(s_r - b_c) where r >= c, else 0 (s_r: a row's exponent, the scale, q's norm and
+    the gates' cumsum as log2; b_c: a column's, k's norm and the cumsum, +inf past the valid rows). Both
+    passes that form P take it from here (the pairs with launch.HOPPER_PAIRS_SCORES), so P's bits agree."""
+    return gl.where(r[:, None] >= c[None, :], qk * _exp2(s_r[:, None] - b_c[None, :]), 0.0)
+
+
+@gluon.jit
 def _bf16_pairs(x):
     """x in bf16, two elements per cvt.rn.bf16x2.f32, opaque to LLVM: a doubling step (a select of z)
     converted with ``.to`` became a conversion of z (shared with z's own) followed by a select and a
@@ -250,7 +258,7 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
     # z = -rest of the block doubling below, at its first level -A.
     z = gl.where(r[:, None] > c[None, :], kk * -_exp2(a_r[:, None] - b_c[None, :]), 0.0)
     if not SCORE_FACTORS:
-        scores = gl.where(r[:, None] >= c[None, :], scores * _exp2(s_r[:, None] - b_c[None, :]), 0.0)
+        scores = gated_scores(scores, s_r, b_c, r, c)
 
     # Step 2: (I + A)^-1 by block doubling. -N goes through shared memory, the right operand of each
     # level's products; their left operands (the inverse so far, z = -rest) come from registers.

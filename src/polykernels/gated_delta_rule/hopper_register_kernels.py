@@ -85,7 +85,7 @@ from polykernels.gated_delta_rule.hopper_kernels import (
     _smem_layout,
     _store_segment_state,
 )
-from polykernels.gated_delta_rule.hopper_prepare_kernels import _exp2
+from polykernels.gated_delta_rule.hopper_prepare_kernels import gated_scores
 
 # Scalar arithmetic only (no layouts), so the Triton helper serves Gluon kernels too.
 from polykernels.gated_delta_rule.kernels import (
@@ -392,15 +392,14 @@ def _scores_layout(chunk, warps):
 
 @gluon.jit
 def _scores(qk, factors, BT: gl.constexpr):
-    """P = q k^T with the gates, the norms and the scale, causal: qk_rc 2^(s_r - b_c) where r >= c, from
-    the exponents the prepare pass stores (SCORE_FACTORS; b_c is +inf past a chunk's valid rows). The
-    arithmetic is the prepare pass's, so P's bits are the ones it would have stored."""
+    """P from the chunk's q k^T and the two exponents per token the prepare pass stores (SCORE_FACTORS),
+    by the prepare pass's own formula (``hopper_prepare_kernels.gated_scores``): the bits it would have stored."""
     layout: gl.constexpr = qk.type.layout
     r = gl.arange(0, BT, layout=gl.SliceLayout(1, layout))
     c = gl.arange(0, BT, layout=gl.SliceLayout(0, layout))
     s_r = factors.slice(0, BT).load(gl.SliceLayout(1, layout))
     b_c = factors.slice(BT, BT).load(gl.SliceLayout(0, layout))
-    return gl.where(r[:, None] >= c[None, :], qk * _exp2(s_r[:, None] - b_c[None, :]), 0.0)
+    return gated_scores(qk, s_r, b_c, r, c)
 
 
 @gluon.jit

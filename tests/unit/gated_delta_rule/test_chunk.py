@@ -983,7 +983,8 @@ def test_gpu_hopper_pass_matches_the_portable_pass(gpu_device: str, monkeypatch:
 
         monkeypatch.setattr(platform, "sm_count", lambda device: 1)
         table = "HOPPER_REGISTER_PAIRS"
-        # Recipes and compiled launches are kept per class of call, which holds no SM count.
+        # Recipes are kept per class of call, whose key holds no SM count (the compiled launches' key, the
+        # recipe's spec, does): a fresh recipe, and no launchers left from other tests' plans.
         launch._recipe.cache_clear()
         launch.forget_launchers()
     inputs = make_inputs(1, tokens, 2, 4, key_dim, value_dim, dtype, device=gpu_device)
