@@ -1,5 +1,5 @@
-"""python -m benchmarks.ab_rounds BASE [--also LABEL=TREE ...] [--rounds N] [--case TEXT] [--out DIR]: the working
-tree (and other trees) against a commit.
+"""python -m benchmarks.ab_rounds BASE [--also LABEL=TREE ...] [--rounds N] [--case TEXT] [--shape SPEC] [--out DIR]:
+the working tree (and other trees) against a commit.
 
 A kernel change lands on an A/B run on the GPU (README, "Changing a kernel"): the tree before it and
 the tree after it, on the same GPU, alternating, two rounds at least. This runs one: BASE (any git
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.registry import GDN_GATES
+from benchmarks.registry import GDN_GATES, gdn_shape
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 GPU_MS = " GPU ms"
@@ -149,7 +149,7 @@ def other_trees(entries: Sequence[str]) -> list[tuple[str, str]]:
 
 
 def run_tree(label: str, source: Path, outputs: Path, save: bool, cases: Sequence[str],
-             gates: str | None = None, initial: bool = False) -> dict:
+             gates: str | None = None, initial: bool = False, extra: Sequence[str] = ()) -> dict:
     """One ``benchmarks.gdn_ab`` run of the tree whose package is under ``source``, in its own process
     (the benchmarks themselves come from this repository)."""
     path = os.pathsep.join(filter(None, [str(source), str(REPOSITORY), os.environ.get("PYTHONPATH")]))
@@ -157,6 +157,7 @@ def run_tree(label: str, source: Path, outputs: Path, save: bool, cases: Sequenc
     command += [argument for case in cases for argument in ("--case", case)]
     command += ["--gates", gates] if gates else []
     command += ["--initial"] if initial else []
+    command += [argument for spec in extra for argument in ("--shape", spec)]
     done = subprocess.run(command, check=False, env={**os.environ, "PYTHONPATH": path}, cwd=REPOSITORY,
                           capture_output=True, text=True)
     rows = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -178,9 +179,15 @@ def main(argv: list[str] | None = None) -> int:
                         "GDN_GATES; default: the bench's)")
     parser.add_argument("--initial", action="store_true", help="every call from a random initial state (a chunked "
                         "prefill's)")
+    parser.add_argument("--shape", action="append", default=[], metavar="SPEC", help="also this shape, B,T,H,HV "
+                        "or L1+L2+...,H,HV (packed lengths); without --case only these")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    try:
+        [gdn_shape(spec) for spec in args.shape]
+    except ValueError as error:
+        parser.error(str(error))
 
     args.out = args.out.resolve()  # git and the runs work from the repository's root
     args.out.mkdir(parents=True, exist_ok=True)
@@ -196,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             for tree, source in trees:
                 save = tree == "base" and round_number == 1
                 row = run_tree(f"{tree}-{round_number}", source, args.out / "outputs", save, args.case, args.gates,
-                               args.initial)
+                               args.initial, args.shape)
                 rows.append(row)
                 raw.write(json.dumps(row) + "\n")
                 raw.flush()

@@ -1,10 +1,10 @@
-"""python -m benchmarks.gdn_ab LABEL (--save DIR | --compare DIR) [--case TEXT]: A/B of two source trees.
+"""python -m benchmarks.gdn_ab LABEL (--save DIR | --compare DIR) [--case TEXT] [--shape SPEC]: A/B of two trees.
 
 A kernel change is kept or dropped on an A/B run: the tree before it and the tree after it, each
-in its own process on the same GPU, at the bench's GDN shapes. The first run saves its outputs;
-every later run compares with them (largest |difference| of o and of the final state, and whether
-a second call gives the same bits) beside its own times: GPU ms under CUDA-graph replay, eager ms,
-and each kernel's time from torch.profiler. One JSON row per run::
+in its own process on the same GPU, at the bench's GDN shapes (``--shape``: others too). The first
+run saves its outputs; every later run compares with them (largest |difference| of o and of the
+final state, and whether a second call gives the same bits) beside its own times: GPU ms under
+CUDA-graph replay, eager ms, and each kernel's time from torch.profiler. One JSON row per run::
 
     git worktree add ../base <commit before the change>
     PYTHONPATH=../base/src:. python -m benchmarks.gdn_ab base --save build/ab
@@ -46,10 +46,20 @@ def kernel_us(call: object, repeats: int = 5) -> dict[str, float]:
             if event.key.startswith("gdn_")}
 
 
+def shapes(cases: list[str] | None, extra: list[str] | None = None) -> list:
+    """The bench's shapes whose names hold a ``cases`` text (all of them without cases or ``extra``), then the
+    ``extra`` ones (registry.gdn_shape's specs)."""
+    from benchmarks.registry import GDN_SHAPES, gdn_shape
+
+    picked = [shape for shape in GDN_SHAPES if (cases and any(text in shape[0] for text in cases))
+              or (not cases and not extra)]
+    return picked + [gdn_shape(spec) for spec in extra or []]
+
+
 def run(label: str, folder: Path, save: bool, cases: list[str] | None, gates: str | None = None,
-        initial: bool = False) -> dict:
+        initial: bool = False, extra: list[str] | None = None) -> dict:
     """One tree's row; ``initial``: every call starts from a random fp32 initial state (a chunked prefill's)."""
-    from benchmarks.registry import GDN_SHAPES, gdn_inputs
+    from benchmarks.registry import gdn_inputs
     from benchmarks.timing import graph_ms, median_ms
     from polykernels.gated_delta_rule import chunk_gated_delta_rule
 
@@ -57,9 +67,7 @@ def run(label: str, folder: Path, save: bool, cases: list[str] | None, gates: st
                  "initial state": initial}
     started = time.perf_counter()
     folder.mkdir(parents=True, exist_ok=True)
-    for name, batch, tokens, heads, value_heads, lengths in GDN_SHAPES:
-        if cases and not any(text in name for text in cases):
-            continue
+    for name, batch, tokens, heads, value_heads, lengths in shapes(cases, extra):
         q, k, v, g, beta = gdn_inputs(batch, tokens, heads, value_heads, "cuda", gates=gates)
         cu = None if lengths is None else torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()],
                                                        dtype=torch.int32, device="cuda")
@@ -99,9 +107,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gates", choices=GDN_GATES, help="the gates' family (benchmarks.registry.GDN_GATES; "
                         "default: the bench's)")
     parser.add_argument("--initial", action="store_true", help="every call from a random initial state")
+    parser.add_argument("--shape", action="append", metavar="SPEC", help="also this shape, B,T,H,HV or "
+                        "L1+L2+...,H,HV (packed lengths); without --case only these")
     args = parser.parse_args(argv)
+    try:
+        shapes(args.case, args.shape)
+    except ValueError as error:
+        parser.error(str(error))
     print(json.dumps(run(args.label, args.save or args.compare, args.save is not None, args.case, args.gates,
-                         args.initial)), flush=True)
+                         args.initial, args.shape)), flush=True)
 
 
 if __name__ == "__main__":

@@ -163,6 +163,30 @@ GDN_SHAPES: list[tuple[str, int, int, int, int, list[int] | None]] = [
 ]
 
 
+
+def gdn_shape(spec: str) -> tuple[str, int, int, int, int, list[int] | None]:
+    """A GDN_SHAPES row from ``B,T,H,HV`` (batch rows of T tokens) or ``L1+L2+...,H,HV`` (packed sequences
+    of those lengths): shapes outside the bench for an A/B (benchmarks.gdn_ab's --shape)."""
+    parts = spec.split(",")
+    try:
+        if len(parts) == 4:
+            batch, tokens, heads, value_heads = (int(part) for part in parts)
+            lengths = None
+            name = f"B{batch} T{tokens} H{heads}/{value_heads}"
+        elif len(parts) == 3 and "+" in parts[0]:
+            lengths = [int(length) for length in parts[0].split("+")]
+            batch, tokens, heads, value_heads = 1, sum(lengths), int(parts[1]), int(parts[2])
+            name = f"varlen {parts[0]} H{heads}/{value_heads}"
+        else:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"a GDN shape is B,T,H,HV or L1+L2+...,H,HV (packed lengths), got {spec!r}") from None
+    if min(batch, tokens, heads, value_heads, *(lengths or [1])) < 0 or min(batch, tokens, heads) < 1 or (
+            value_heads % heads):
+        raise ValueError(f"GDN shape {spec!r}: sizes must be positive (lengths at least 0) and HV a multiple of H")
+    return name, batch, tokens, heads, value_heads, lengths
+
+
 # gdn_inputs' key families: "random" keys are about orthogonal at K = 128 and the gates decay fast (about
 # -0.8 per token): what the bench times. "aligned" keys share one direction per head (cosine about 0.94) and
 # "repeated" ones are one key per head (a repeated token, padding), both under slowly decaying gates

@@ -75,6 +75,18 @@ def test_each_run_times_the_gates_and_initial_state_asked_for(tmp_path, monkeypa
     run_tree("base-3", REPOSITORY / "src", tmp_path, False, [], initial=True)
     assert commands[0][-2:] == ["--gates", "mixed"] and "--gates" not in commands[1]
     assert "--initial" not in commands[0] + commands[1] and commands[2][-1] == "--initial"
+    run_tree("base-4", REPOSITORY / "src", tmp_path, False, [], extra=["2,16384,16,32", "7168+1024,2,8"])
+    assert commands[3][-4:] == ["--shape", "2,16384,16,32", "--shape", "7168+1024,2,8"]
+    assert "--shape" not in commands[0] + commands[1] + commands[2]
+
+
+def test_a_bad_shape_is_refused_before_any_run(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.ab_rounds import main
+
+    with pytest.raises(SystemExit):
+        main(["HEAD", "--shape", "2,16384,16", "--out", str(tmp_path)])
+    assert "a GDN shape is B,T,H,HV or L1+L2+...,H,HV (packed lengths), got '2,16384,16'" in capsys.readouterr().err
+    assert not (tmp_path / "base-tree").exists()
 
 
 def test_a_folder_holding_a_tree_is_the_base_as_it_is(tmp_path) -> None:

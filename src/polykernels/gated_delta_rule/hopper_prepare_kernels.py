@@ -77,6 +77,8 @@ from polykernels.gated_delta_rule.kernels import (
     _chunk_program,
     _chunk_span,
     _doubling_step,
+    _flag_slots,
+    _ready_slot,
 )
 from polykernels.gated_delta_rule.ready_flags import end_after_leader, raise_flag
 
@@ -147,6 +149,8 @@ def gdn_prepare_hopper_kernel(
     gl.static_assert(INVERSE_PRECISION == "bf16", "the Hopper prepare pass rounds the inverse's operands to bf16")
     gl.static_assert(STORE_T or not SCORE_FACTORS, "SCORE_FACTORS: the pairs form P where they form v_new (STORE_T)")
     i_c, i_hv = _chunk_program(gl.program_id(0), gl.program_id(1), gl.num_programs(0), HV)
+    if CONCURRENT:  # every sequence's chunk c before any sequence's chunk c + 1, as the chains beside need them
+        i_c = _ready_slot(i_c, gl.num_programs(0), N)
     i_h = i_hv // (HV // H)
     chunk_start, length = _chunk_span(i_c, CU, T, N, CHUNKS_PER_SEQ, BT, VARLEN, LOG_N)
     if length > 0:
@@ -154,9 +158,11 @@ def gdn_prepare_hopper_kernel(
                        chunk_start, length.to(gl.int32), i_h, i_hv, scale, H, HV, K, V, BT, BK, BV, NV, L2NORM,
                        STORE_T, WARP_BLOCKS, GROWTH, SCORE_FACTORS)
     if CONCURRENT:  # the sequential pass runs beside this one and waits for this chunk (ready_flags)
-        raise_flag(FLAGS + i_c * HV + i_hv)
-        programs = gl.num_programs(0) * gl.num_programs(1)
-        end_after_leader(FLAGS + programs, FLAGS + programs + 1, programs, SEQUENTIAL_PROGRAMS)
+        slots = _flag_slots(T, N, CHUNKS_PER_SEQ, BT, VARLEN)
+        if i_c < slots:  # packed sequences: the grid's last row may run past the slots
+            raise_flag(FLAGS + i_c * HV + i_hv)
+        counters = FLAGS + slots * HV
+        end_after_leader(counters, counters + 1, gl.num_programs(0) * gl.num_programs(1), SEQUENTIAL_PROGRAMS)
 
 
 @gluon.jit

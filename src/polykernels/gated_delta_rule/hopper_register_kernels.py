@@ -32,8 +32,8 @@ the pairs after the prepare pass) each chunk's P is formed here, from the q and 
 per token (``_scores``), not copied in: on an H100 at B8 T4096 32/32 the op 4.5% faster, the same bits
 (BENCHMARKS.md "thirty-seventh set").
 
-With AWAIT the pass runs beside the prepare pass (launch.plan_segments' concurrent form: one
-sequence per batch row, wide-tile programs that leave at least half the SMs): it is launched first,
+With AWAIT the pass runs beside the prepare pass (launch.plan_segments' concurrent form: uncut
+sequences, batch rows or packed, whose programs leave at least half the SMs): it is launched first,
 lets the prepare pass start at once as its programmatic dependent, and waits for each chunk's ready
 flag before copying the chunk in (ready_flags).
 
@@ -93,6 +93,7 @@ from polykernels.gated_delta_rule.kernels import (
     WINDOW_LOG2_BOUND,
     _bad_rows,
     _first_slot,
+    _flag_slots,
     _segment,
 )
 from polykernels.gated_delta_rule.ready_flags import await_flag, count_done, end_after_leader, launch_dependents
@@ -499,7 +500,6 @@ def gdn_recurrence_hopper_rs_kernel(
     WARPS: gl.constexpr = gl.num_warps()
     gl.static_assert(STAGES >= 2, "the Hopper pass copies a chunk ahead: STAGES must be at least 2")
     gl.static_assert(BV == 16 * WARPS, "the state's rows are 64-row products, one warpgroup each")
-    gl.static_assert(not (AWAIT and VARLEN), "ready flags are numbered by batch row and chunk")
     gl.static_assert(not (AWAIT and SEGMENT_STATE and not AFTER_LEAD),
                      "segment states wait for ready flags only after a lead beside the prepare pass")
     gl.static_assert(not (FROM_V and (SEGMENT_STATE or AFTER_LEAD)), "FROM_V: uncut output passes only")
@@ -577,10 +577,14 @@ def gdn_recurrence_hopper_rs_kernel(
             else:
                 state = gl.zeros([BV, BK], gl.float32, layout=state_l)
 
-    # AWAIT: the prepare pass runs beside this one, or ran just before it (packed sequences never): each
-    # chunk's copies wait for its flag (ready_flags); a look-ahead past the last chunk copies nothing and
-    # waits for the last. Flags are numbered by batch row and chunk, from the segment's first.
-    flags = FLAGS + (n * ((T + BT - 1) // BT) + (start - n * T) // BT) * HV + i_hv
+    # AWAIT: the prepare pass runs beside this one, or ran just before it: each chunk's copies wait for its
+    # flag (ready_flags); a look-ahead past the last chunk copies nothing and waits for the last. Flags are
+    # numbered by chunk slot (batch row and chunk; a packed sequence's from its first slot, kernels._sequence_of),
+    # from the segment's first.
+    if VARLEN:
+        flags = FLAGS + (start // BT + n) * HV + i_hv
+    else:
+        flags = FLAGS + (n * ((T + BT - 1) // BT) + (start - n * T) // BT) * HV + i_hv
     if FROM_V:  # T (in W_ptr's place), v (in U_ptr's), w's factor of k (in HLOC_ptr's)
         if LEADS:
             launch_dependents()
@@ -673,7 +677,7 @@ def gdn_recurrence_hopper_rs_kernel(
     # The done counters: after the ready flags where there are flags (the prepare pass's count, the leading
     # output pass's, then the segment states'), else at FLAGS (the segment states', the lead's).
     if AWAIT:
-        counters = FLAGS + N * ((T + BT - 1) // BT) * HV
+        counters = FLAGS + _flag_slots(T, N, (T + BT - 1) // BT, BT, VARLEN) * HV
         dependents = counters + 2
     else:
         counters = FLAGS

@@ -239,6 +239,25 @@ def _chunk_program(x, y, X, HV: tl.constexpr):
 
 
 @triton.jit
+def _ready_slot(i_c, X, N):
+    """The chunk slot of prepare program i_c of X (a multiple of N) beside the sequential pass (ready_flags):
+    the slots taken as N rows of X // N, column by column. Every batch row's chunk c is then ready about when
+    its chain reaches it, where slot order had the last row's chain wait for most of the pass. Packed
+    sequences: the same where they are of one length; of mixed lengths, a sequence spanning rows gets its
+    chunks out of order (each chunk still once, and at the latest by the pass's end, as in slot order)."""
+    return (i_c % N) * (X // N) + i_c // N
+
+
+@triton.jit
+def _flag_slots(T, N, CHUNKS_PER_SEQ, BT: tl.constexpr, VARLEN: tl.constexpr):
+    """The chunk slots that have a ready flag: every batch row's chunks, or the packed sequences' bound
+    (``_sequence_of``); the done counters follow their flags."""
+    if VARLEN:
+        return (T + BT - 1) // BT + N
+    return N * CHUNKS_PER_SEQ
+
+
+@triton.jit
 def _chunk_span(i_c, CU, T, N, CHUNKS_PER_SEQ, BT: tl.constexpr, VARLEN: tl.constexpr, LOG_N: tl.constexpr):
     """(first token, valid rows) of chunk slot i_c; 0 rows for the slots no packed sequence fills
     (``_sequence_of``)."""

@@ -38,6 +38,10 @@ MIN_SEGMENT_CHUNKS = 8
 # The two passes side by side (plan_segments' concurrent_tiles) for sequences of at least this many
 # chunks; shorter ones were not measured (their prepare pass may fit one wave on every SM).
 CONCURRENT_MIN_CHUNKS = 128
+# The same for the pairs beside the prepare pass (plan_segments' concurrent_pairs). At 16 chunks they measured
+# -3.9% against the pairs after it (B8 T1024 2/8, H100, BENCHMARKS.md "thirty-eighth set"); not lowered until
+# the GPU tests have run with it.
+CONCURRENT_PAIRS_MIN_CHUNKS = 128
 WHOLE_SEQUENCE = 2**34  # chunks per segment when a sequence is not cut: more than any sequence has
 
 
@@ -82,7 +86,7 @@ def plan_segments(
     that pass can also take two neighbouring tiles per program (two warpgroups, each chunk's tiles
     copied once for both), done for uncut sequences where the pairs still fill every SM.
     ``concurrent_tiles``: the V tiles at which that pass can run beside the prepare pass, waiting for
-    each chunk's ready flag (one sequence per batch row, launch.HOPPER_CONCURRENT), each with the
+    each chunk's ready flag (batch rows; packed sequences with HOPPER_CONCURRENT_PACKED), each with the
     tiles one program takes there: taken for uncut sequences of at least CONCURRENT_MIN_CHUNKS chunks
     whose wide-tile programs leave at least half the SMs to the prepare pass (B1 T32768 with 32 value
     heads: 64 programs where 32-column tiles made 128 that ran after the prepare pass).
@@ -145,11 +149,12 @@ def plan_segments(
     segments = max(1, min(segments, chunks))
     group = min((concurrent_tiles or {}).get(wide, 0), -(-value_dim // wide))  # tiles per program
     beside_programs = num_seqs * value_heads * -(-value_dim // (wide * group)) if group else 0
+    least_chunks = CONCURRENT_MIN_CHUNKS
     if not (group and 2 * beside_programs <= sm_count) and wide in concurrent_pairs and value_dim > wide:
-        group = 2
+        group, least_chunks = 2, CONCURRENT_PAIRS_MIN_CHUNKS
         beside_programs = num_seqs * value_heads * -(-value_dim // (2 * wide))
     if (segments == 1 and num_segments is None and group and 2 * beside_programs <= sm_count
-            and chunks >= CONCURRENT_MIN_CHUNKS):
+            and chunks >= least_chunks):
         return SegmentPlan(segments=1, segment_chunks=chunks, block_v=wide, concurrent=True, warpgroups=group,
                            reason=(f"{beside_programs} sequential programs (N x HV x V/{wide * group}) on SMs of "
                                    f"their own beside the prepare pass on the other {sm_count - beside_programs}: "
@@ -422,7 +427,9 @@ HOPPER_REGISTER_PAIRS: Mapping[int, int] = types.MappingProxyType({64: 2})
 # launched first, the Gluon prepare pass as their programmatic dependent on the SMs they leave, each
 # chunk's ready flag between them (ready_flags). Per K of HOPPER_PREPARE it is done at (measured at
 # 128): the register-state pass's 64-column tiles per program (one warpgroup each) and its cp.async
-# stages there. An empty table turns it off.
+# stages there. An empty table turns it off. With several batch rows the prepare programs take every row's
+# chunk c before any row's chunk c + 1 (kernels._ready_slot): on an H100 B2 T32768 16/16 1.468 -> 0.985 ms,
+# B4 T8192 16/16 0.634 -> 0.386, the pairs at B2 T16384 16/32 1.123 -> 0.782 (BENCHMARKS.md, "thirty-eighth set").
 HOPPER_CONCURRENT: Mapping[int, tuple[int, int]] = types.MappingProxyType({128: (1, 3)})
 # Where one tile per program would leave the prepare pass fewer than half the SMs and two tiles per program
 # would not (plan_segments' concurrent_pairs), per K: the register-state pass's stages with two 64-column
@@ -446,6 +453,12 @@ HOPPER_PAIRS_FROM_V = True
 # bytes bought nothing even for free (a timing-only bound: +0.9%), so not there (BENCHMARKS.md,
 # "thirty-seventh set").
 HOPPER_PAIRS_SCORES = True
+# Packed sequences (cu_seqlens) beside the prepare pass too, by the batch rows' rules with their average length
+# (plan_segments' chunks). Off: the plan cannot see how long the longest is, and that chain then bounds the op
+# at the pairs' pace beside (about 2.9 us a chunk, where the one-tile pass after the prepare pass takes 1.55).
+# On an H100 (CONCURRENT_PAIRS_MIN_CHUNKS 16): varlen 8x1024 2/8 -0.9%, 7168 + 7 x 128 tokens +64%
+# (BENCHMARKS.md, "thirty-eighth set").
+HOPPER_CONCURRENT_PACKED = False
 # Cut sequences on sm_90, per V tile of HOPPER_REGISTER_STAGES and
 # HOPPER_REGISTER_SEGMENT_STAGES, for segments of at least this many chunks: each sequence's first
 # segment runs its output pass (the register-state pass) beside the segment-state pass of its other
@@ -683,7 +696,8 @@ def launch_tables(block_k: int, arch: str | None) -> tuple:
             tuple(HOPPER_REGISTER_CUT.items()), tuple(HOPPER_REGISTER_SEGMENT_STAGES.items()), HOPPER_PAIRS_FROM_V,
             tuple(HOPPER_LEAD_SEGMENT.items()), tuple(HOPPER_LEAD_BESIDE_PREPARE.items()), HOPPER_WARP_BLOCK_INVERSE,
             HOPPER_CONCURRENT_WARP_BLOCKS_GBPS, gluon_allowed(), SEGMENT_WINDOWS,
-            HOPPER_PACKED_WINDOWS, HOPPER_SCAN_WINDOWS, tuple(HOPPER_CONCURRENT_PAIRS.items()), HOPPER_PAIRS_SCORES)
+            HOPPER_PACKED_WINDOWS, HOPPER_SCAN_WINDOWS, tuple(HOPPER_CONCURRENT_PAIRS.items()), HOPPER_PAIRS_SCORES,
+            HOPPER_CONCURRENT_PACKED)
 
 
 def concurrent_warp_blocks(heads: int, value_heads: int, dram_gbps: float | None,
@@ -784,7 +798,8 @@ def _recipe(
     lead_beside_prepare: tuple[tuple[int, LeadRates], ...] = (), warp_block_inverse: bool = False,
     concurrent_warp_blocks_gbps: float = math.inf, gluon: bool = True, segment_windows: bool = False,
     packed_windows: bool = False, scan_windows: bool = False,
-    concurrent_pairs: tuple[tuple[int, int], ...] = (), pairs_scores: bool = False, *,
+    concurrent_pairs: tuple[tuple[int, int], ...] = (), pairs_scores: bool = False, concurrent_packed: bool = False,
+    *,
     sms: int | None = None,
     dram_gbps: float | None = None,
 ) -> _Recipe:
@@ -801,8 +816,9 @@ def _recipe(
     # Two tiles per program beside it where one leaves too few SMs, only in FlashInfer's order of the chain
     pair_stages = (dict(concurrent_pairs).get(key_dim)
                    if pairs_from_v and key_dim == 128 and value_dim % 128 == 0 else None)
-    # A sequential pass may wait for the prepare pass launched after it (batch rows: the flags are numbered by row).
-    overlap = gluon_prepare and not varlen and concurrent_passes_allowed()
+    # A sequential pass may wait for the prepare pass launched after it (packed sequences with
+    # HOPPER_CONCURRENT_PACKED, uncut: not the lead form beside it).
+    overlap = gluon_prepare and (concurrent_packed or not varlen) and concurrent_passes_allowed()
     beside = form if overlap else None
     sm_count = sms or platform.sm_count(device)
     lead_tiles = ({tile: least for tile, least in lead_segment
@@ -816,7 +832,8 @@ def _recipe(
                              concurrent_tiles={tile: beside[0] for tile in dict(hopper_register_stages)} if beside
                              else None, concurrent_pairs=tuple(dict(hopper_register_pairs)) if beside and pair_stages
                              else (), lead_tiles=lead_tiles,
-                             lead_rates=dict(lead_beside_prepare).get(key_dim) if overlap and lead_tiles else None,
+                             lead_rates=(dict(lead_beside_prepare).get(key_dim) if overlap and lead_tiles
+                                         and not varlen else None),
                              packed=varlen, block_vs=block_vs)
 
     # SEGMENT_WINDOWS: the Gluon passes (K = V = 128) cut without the lead form, their segment states in the
@@ -938,13 +955,16 @@ def _recipe(
               hopper_register_pairs, hopper_concurrent, combine_launch, hopper_register_cut,
               hopper_register_segment_stages, pairs_from_v, lead_segment, lead_beside_prepare,
               warp_block_inverse, concurrent_warp_blocks_gbps, gluon, segment_windows, packed_windows, scan_windows,
-              concurrent_pairs, pairs_scores,
+              concurrent_pairs, pairs_scores, concurrent_packed,
               # What the plan read beyond the arguments (the device's SM count and DRAM, the environment): the
               # launchers keep each compiled kernel by this spec, so recipes that differ there only must not share.
               sm_count, overlap, per_warp_beside),
         chunks_per_seq=chunks_per_seq, segment_chunks=segment_chunks,
         segments_per_seq=segments_per_seq, max_segments=max_segments, segment_tokens=segment_tokens,
-        prepare_grid=(max_chunks, value_heads),
+        # Beside the sequential pass the programs take the slots as num_seqs rows (kernels._ready_slot): packed
+        # sequences' grid rounds up to whole rows.
+        prepare_grid=(num_seqs * -(-max_chunks // num_seqs) if plan.concurrent or beside_prepare else max_chunks,
+                      value_heads),
         prepare_meta={**shape, "BK": max(block_k, PREPARE_MIN_BLOCK), "BV": prep_bv, "NV": -(-value_dim // prep_bv),
                       "L2NORM": l2norm, **where, "DOT_PRECISION": prep_dot, "INVERSE_PRECISION": prep_inverse,
                       **prepare_tail},

@@ -105,6 +105,8 @@ def _launch_line(name: str, grid: tuple[int, ...], meta: dict[str, object]) -> s
     shape = f", {meta['num_warps']} warps" + (f", {stages} stage{'s' * (stages != 1)}" if stages else "")
     dependent = ", programmatic dependent of the launch before it" if meta.get("launch_pdl") else ""
     waits = ", waits for each chunk's ready flag" if meta.get("AWAIT") else ""
+    if name == "prepare" and meta.get("CONCURRENT"):  # kernels._ready_slot
+        waits = ", raises each chunk's ready flag, every sequence's chunk c before any sequence's chunk c + 1"
     # The Gluon prepare pass's forms: what it stores for the pairs, and where its inverse's first levels run.
     stores = ", stores T = (I + A)^-1 diag(beta), the pass after it forms v_new" if meta.get("STORE_T") else ""
     if meta.get("SCORE_FACTORS"):

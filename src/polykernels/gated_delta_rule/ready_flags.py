@@ -5,7 +5,10 @@ sequential pass is launched first and the prepare pass second, as its programmat
 (``launch_pdl``): every sequential program says so at its start (``launch_dependents``), so the
 prepare programs start at once on the SMs the sequential ones leave. The prepare pass raises one
 flag per (chunk, value head) once that chunk's w, u, scores and scales are stored, and the
-sequential pass waits for a chunk's flag before it copies the chunk in. The flags are zeroed before
+sequential pass waits for a chunk's flag before it copies the chunk in. Flags are numbered by chunk slot
+(batch row and chunk, or a packed sequence's slots: kernels._sequence_of), and the prepare programs take
+every sequence's chunk c before any sequence's chunk c + 1 (kernels._ready_slot), the order in which the
+chains beside them need the chunks. The flags are zeroed before
 both (a memset in the same launch sequence) and are 32-bit; two counters follow them (prepare
 programs done, sequential programs done): the prepare pass, the later launch, must also be the one
 that ends last (``end_after_leader``), or a kernel after the op that waits only for the launch before

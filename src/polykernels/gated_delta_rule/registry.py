@@ -185,7 +185,7 @@ for _name, _segment_state, _block_v in (
     ))
 # The Gluon prepare pass (sm_90 only: wgmma), with the register cap the launcher gives it at K = 128;
 # also its form that raises each chunk's ready flag for a sequential pass running beside it
-# (launch._recipe's concurrent and lead beside the prepare pass; one sequence per batch row), with the
+# (launch._recipe's concurrent and lead beside the prepare pass; batch rows), with the
 # inverse's levels whole and per warp (launch.concurrent_warp_blocks).
 _PREPARE_CAP = HOPPER_PREPARE.get(128)
 for _name, _concurrent, _warp_blocks in (("gdn_prepare_hopper", False, HOPPER_WARP_BLOCK_INVERSE),
@@ -207,7 +207,7 @@ for _name, _concurrent, _warp_blocks in (("gdn_prepare_hopper", False, HOPPER_WA
 # the output pass (of uncut sequences, and of cut ones' segments from their initial states), and the
 # segment-state pass of cut sequences.
 # Also its two-warpgroup form (two neighbouring V tiles per program), and the form that waits for
-# each chunk's ready flag beside the prepare pass (one sequence per batch row: no packed sequences).
+# each chunk's ready flag beside the prepare pass (batch rows; packed sequences: the pairs' entries below).
 _RS_SIGNATURE = {**{name: kind for name, kind in _RECURRENCE_SIGNATURE.items() if kind != "constexpr"},
                  "FLAGS": "*i32", **{name: kind for name, kind in _RECURRENCE_SIGNATURE.items() if kind == "constexpr"},
                  "STAGES": "constexpr", "AWAIT": "constexpr"}
@@ -271,9 +271,10 @@ for _name, _packed in (("gdn_recurrence_hopper_rs_after_windows", False),
 # launch.HOPPER_PAIRS_FROM_V (sm_90, K = 128): the prepare pass storing T and k's factor in w, and the
 # two-warpgroup register-state pass forming v_new from v and T.
 # Also their form beside the prepare pass (launch.HOPPER_CONCURRENT_PAIRS): the pairs waiting for each chunk's
-# ready flag (one sequence per batch row), the prepare pass raising them.
-for _suffix, _concurrent, _stages in (("", False, HOPPER_REGISTER_PAIRS[_WIDE_BV]),
-                                      ("_concurrent", True, HOPPER_CONCURRENT_PAIRS[128])):
+# ready flag, the prepare pass raising them; batch rows, and packed sequences (launch.HOPPER_CONCURRENT_PACKED).
+for _suffix, _concurrent, _stages, _packed in (("", False, HOPPER_REGISTER_PAIRS[_WIDE_BV], True),
+                                               ("_concurrent", True, HOPPER_CONCURRENT_PAIRS[128], False),
+                                               ("_concurrent_packed", True, HOPPER_CONCURRENT_PAIRS[128], True)):
     register(KernelSpec(
         name="gdn_prepare_hopper_t" + _suffix, module="polykernels.gated_delta_rule.hopper_prepare_kernels",
         function="gdn_prepare_hopper_kernel",
@@ -283,7 +284,7 @@ for _suffix, _concurrent, _stages in (("", False, HOPPER_REGISTER_PAIRS[_WIDE_BV
                    **{name: kind for name, kind in _PREPARE_SIGNATURE.items() if kind == "constexpr"},
                    "CONCURRENT": "constexpr", "STORE_T": "constexpr", "WARP_BLOCKS": "constexpr"},
         constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV,
-                    "VARLEN": not _concurrent, "CONCURRENT": _concurrent, "STORE_T": True,
+                    "VARLEN": _packed, "CONCURRENT": _concurrent, "STORE_T": True,
                     "WARP_BLOCKS": HOPPER_WARP_BLOCK_INVERSE},
         allowed=_on_hopper, platform_constexprs=functools.partial(_prepare_precision, False),
         options={"num_warps": 4, **({"maxnreg": _PREPARE_CAP} if _PREPARE_CAP else {})},
@@ -292,7 +293,7 @@ for _suffix, _concurrent, _stages in (("", False, HOPPER_REGISTER_PAIRS[_WIDE_BV
         name="gdn_recurrence_hopper_rs_pair_from_v" + _suffix,
         module="polykernels.gated_delta_rule.hopper_register_kernels",
         function="gdn_recurrence_hopper_rs_kernel", signature={**_RS_SIGNATURE, "FROM_V": "constexpr"},
-        constexprs={**_SHAPE, "V": 128, "BV": 2 * _WIDE_BV, "NV": 128 // (2 * _WIDE_BV), "VARLEN": not _concurrent,
+        constexprs={**_SHAPE, "V": 128, "BV": 2 * _WIDE_BV, "NV": 128 // (2 * _WIDE_BV), "VARLEN": _packed,
                     "LOG_N": 4, "HAS_INITIAL": True, "SEGMENT_STATE": False, "STORE_FINAL": True, "STAGES": _stages,
                     "AWAIT": _concurrent, "FROM_V": True},
         allowed=_on_hopper, platform_constexprs=_precision,

@@ -5,12 +5,15 @@ import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from polykernels.gated_delta_rule import (
     chunk_gated_delta_rule,
     chunk_gated_delta_rule_torch,
     naive_recurrent_gated_delta_rule,
 )
+from polykernels.gated_delta_rule.kernels import _chunk_span, _flag_slots, _ready_slot
 from polykernels.gated_delta_rule.launch import LeadRates, launch_chunk_gated_delta_rule
 from tests.helpers import relative_rms_error
 
@@ -165,6 +168,59 @@ def test_triton_many_packed_sequences_int32_boundaries(segments: int | None) -> 
     check_against_naive(run, inputs, dtype, initial=True, cu_seqlens=cu, num_seqs=len(lengths))
 
 
+@triton.jit
+def _prepare_order_kernel(CU, T, N, CHUNKS_PER_SEQ, OUT, VARLEN: tl.constexpr, LOG_N: tl.constexpr):
+    """Each prepare program's (slot or -1 past the flags' slots, first token, rows), as the Gluon pass takes them
+    beside the sequential pass."""
+    i_c = _ready_slot(tl.program_id(0).to(tl.int64), tl.num_programs(0), N)
+    start, length = _chunk_span(i_c, CU, T, N, CHUNKS_PER_SEQ, 64, VARLEN, LOG_N)
+    in_slots = i_c < _flag_slots(T, N, CHUNKS_PER_SEQ, 64, VARLEN)
+    column = tl.arange(0, 4)
+    tl.store(OUT + tl.program_id(0) * 3 + column,
+             tl.where(column == 0, tl.where(in_slots, i_c, -1), tl.where(column == 1, start, length)), mask=column < 3)
+
+
+def _prepare_order(cu: torch.Tensor | None, batch: int, tokens: int) -> list[tuple[int, int]]:
+    """(sequence, chunk in it) of each prepare program beside the sequential pass, in launch order
+    (kernels._ready_slot over the recipe's grid, then kernels._chunk_span), programs of no slot left out."""
+    packed = cu is not None
+    sequences = len(cu) - 1 if packed else batch
+    slots = -(-tokens // 64) + sequences if packed else batch * -(-tokens // 64)
+    grid = sequences * -(-slots // sequences)  # launch._recipe's prepare_grid beside the sequential pass
+    out = torch.zeros(grid, 3, dtype=torch.int64)
+    bounds = cu if packed else torch.zeros(1, dtype=torch.int64)
+    _prepare_order_kernel[(grid,)](bounds, tokens, sequences, -(-tokens // 64), out, VARLEN=packed,
+                                   LOG_N=max(1, sequences.bit_length()))
+    assert sorted(slot for slot in out[:, 0].tolist() if slot >= 0) == list(range(slots))  # each slot once
+    starts = [0, *torch.tensor([tokens] * batch).cumsum(0).tolist()] if not packed else cu.tolist()
+    taken = []
+    for slot, start, length in out.tolist():
+        if slot >= 0 and length > 0:
+            n = max(i for i in range(sequences) if starts[i] <= start and (starts[i] < starts[i + 1] or i == 0))
+            taken.append((n, (start - starts[n]) // 64))
+    return taken
+
+
+@pytest.mark.cpu_only
+@pytest.mark.parametrize(("lengths", "batch", "tokens"), [
+    (None, 3, 64 * 5 + 7), (None, 1, 640), ([1024] * 8, 1, 8192), ([100, 0, 64, 1, 300], 1, 465)],
+    ids=["B3-tail-chunk", "B1", "packed-of-one-length", "packed-mixed"])
+def test_prepare_programs_beside_the_chains_take_every_sequences_chunk_c_before_chunk_c_plus_one(
+        lengths, batch: int, tokens: int) -> None:
+    # Beside the sequential pass every chain starts at once and needs its chunks in order: the prepare programs
+    # take the slots as one row per sequence, column by column (kernels._ready_slot), over a grid rounded up to
+    # whole rows. Every slot once; batch rows and packed sequences of one length in the chains' order (packed
+    # sequences of mixed lengths span rows: every chunk still taken once).
+    cu = None if lengths is None else torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    taken = _prepare_order(cu, batch, tokens)
+    sequences = batch if lengths is None else len(lengths)
+    chunks = [-(-length // 64) for length in (lengths or [tokens] * batch)]
+    assert sorted(taken) == [(n, c) for n in range(sequences) for c in range(chunks[n])]
+    if lengths is None or len(set(lengths)) == 1:
+        assert [c for _, c in taken] == sorted(c for _, c in taken)  # chunk c of all before any c + 1
+        assert taken[:sequences] == [(n, 0) for n in range(sequences)]
+
+
 def _nan_causality(run, device: str, positions, dtype: torch.dtype = torch.float32, dim: int = 32,
                    tokens: int = 130) -> None:
     """A non-finite input at token t: outputs before t stay finite, and t (k/v/g/beta: onwards) is NaN.
@@ -260,7 +316,7 @@ def _sm90_recipe(monkeypatch: pytest.MonkeyPatch, batch: int, tokens: int, heads
 
 
 def test_segment_plan_runs_the_passes_side_by_side_where_wide_tiles_leave_half_the_sms() -> None:
-    from polykernels.gated_delta_rule.launch import CONCURRENT_MIN_CHUNKS, plan_segments
+    from polykernels.gated_delta_rule.launch import CONCURRENT_MIN_CHUNKS, CONCURRENT_PAIRS_MIN_CHUNKS, plan_segments
 
     beside = {"register_tiles": (64,), "concurrent_tiles": {64: 1}}
     b1 = plan_segments(1, 32768, 32, 132, **beside)  # 64 programs of 64 columns, 68 SMs for the prepare pass
@@ -290,7 +346,9 @@ def test_segment_plan_runs_the_passes_side_by_side_where_wide_tiles_leave_half_t
     assert not plan_segments(1, 8192, 64, 132, **beside).concurrent  # no pairs beside: after the prepare pass
     assert plan_segments(1, 32768, 32, 132, **both).warpgroups == 1  # one tile per program where it leaves half
     assert not plan_segments(1, 8192, 80, 132, **both).concurrent  # 80 pairs take over half the SMs
-    assert not plan_segments(1, short, 64, 132, **both).concurrent
+    pairs_short = (CONCURRENT_PAIRS_MIN_CHUNKS - 1) * 64  # the pairs' own least chunks
+    assert not plan_segments(1, pairs_short, 64, 132, **both).concurrent
+    assert plan_segments(1, pairs_short + 64, 64, 132, **both).concurrent
 
 
 def test_concurrent_recipe_launches_the_prepare_pass_as_the_waiting_sequential_pass_dependent(
@@ -348,6 +406,40 @@ def test_concurrent_recipe_launches_the_prepare_pass_as_the_waiting_sequential_p
     off = _sm90_recipe(monkeypatch, 1, 32768, 32, 32, None)
     assert not off.concurrent and off.recurrence_meta["BV"] == 32
     assert not _sm90_recipe(monkeypatch, 1, 8192, 16, 64, None).concurrent
+
+
+def test_packed_sequences_run_beside_the_prepare_pass_only_where_the_table_says(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # launch.HOPPER_CONCURRENT_PACKED: packed sequences beside the prepare pass by the batch rows' rules, their
+    # average length against the least chunks; the prepare grid rounds the slots up to one row per sequence
+    # (kernels._ready_slot) and the flags cover the slots. Never the lead form beside the prepare pass.
+    from polykernels.gated_delta_rule import launch
+
+    for variable in ("CUDA_LAUNCH_BLOCKING", *launch.INJECTED_TOOL_VARIABLES, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+                     "POLYKERNELS_GDN_CONCURRENT"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(launch, "CONCURRENT_PAIRS_MIN_CHUNKS", 16)
+    launch._recipe.cache_clear()
+    assert not _sm90_recipe(monkeypatch, 1, 8192, 2, 8, None, packed=8).concurrent  # the table's default: off
+    monkeypatch.setattr(launch, "HOPPER_CONCURRENT_PACKED", True)
+    eight = _sm90_recipe(monkeypatch, 1, 8192, 2, 8, None, packed=8)
+    assert eight.concurrent and eight.from_v and eight.plan.warpgroups == 2 and eight.recurrence_grid == (1, 8, 8)
+    assert eight.recurrence_meta["AWAIT"] and eight.recurrence_meta["VARLEN"] and eight.prepare_meta["CONCURRENT"]
+    assert eight.prepare_grid == (136, 8)  # 128 + 8 slots, already whole rows of 17
+    three = _sm90_recipe(monkeypatch, 1, 3 * 2048, 2, 16, None, packed=3)  # 96 + 3 slots: 3 rows of 33
+    assert three.concurrent and three.prepare_grid == (99, 16)
+    five = _sm90_recipe(monkeypatch, 1, 5 * 1024 + 64, 2, 8, None, packed=5)  # 81 + 5 slots: 5 rows of 18
+    assert five.concurrent and five.prepare_grid == (90, 8)
+    flags = five.workspace.parts[launch._Scratch._fields.index("flags")]
+    assert flags.shape == (86 * 8 + 2,)  # a flag per slot and head, then the two counters
+    assert five.sequential_programs == 5 * 8
+    monkeypatch.setattr(launch, "CONCURRENT_PAIRS_MIN_CHUNKS", 17)  # 16 chunks on average: after the prepare pass
+    launch._recipe.cache_clear()
+    assert not _sm90_recipe(monkeypatch, 1, 8192, 2, 8, None, packed=8).concurrent
+    # Cut packed sequences keep the lead form after the prepare pass (its rates are for batch rows).
+    cut = _sm90_recipe(monkeypatch, 1, 8192, 2, 8, None, packed=2)
+    assert not cut.concurrent and not cut.beside_prepare and "beside the prepare pass" not in cut.plan.reason
+    launch._recipe.cache_clear()
 
 
 def test_recipes_planned_for_other_devices_or_environments_never_share_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1050,20 +1142,20 @@ def _registered_programs(monkeypatch: pytest.MonkeyPatch) -> list:
     return registered
 
 
-def _side_by_side_calls(monkeypatch: pytest.MonkeyPatch, inputs, h0) -> tuple:
+def _side_by_side_calls(monkeypatch: pytest.MonkeyPatch, inputs, h0, cu: torch.Tensor | None = None) -> tuple:
     """The public op from h0 with the final state: its Python path, its replayed launch program (the flags
     zeroed, the sequential pass, the prepare pass as its programmatic dependent) and a CUDA graph of it;
-    then the direct launch at a given segment count, for the oracle."""
+    then the direct launch at a given segment count, for the oracle (``cu``: packed sequences)."""
     from polykernels import _programs
     from polykernels._programs import Zero
 
     registered = _registered_programs(monkeypatch)
 
     def public():
-        return chunk_gated_delta_rule(*inputs, initial_state=h0, output_final_state=True)
+        return chunk_gated_delta_rule(*inputs, initial_state=h0, output_final_state=True, cu_seqlens=cu)
 
     def call(num_segments=None):
-        return launch_chunk_gated_delta_rule(*inputs, 128**-0.5, h0, True, None, False, num_segments)
+        return launch_chunk_gated_delta_rule(*inputs, 128**-0.5, h0, True, cu, False, num_segments)
 
     first, replayed = public(), public()
     if _programs.enabled():
@@ -1150,6 +1242,48 @@ def test_gpu_pairs_beside_the_prepare_pass_match_them_one_after_the_other(gpu_de
             tables.setattr(launch, name, getattr(launch, name))  # restored after serial_at_64 replaces them
         tables.setattr(platform, "sm_count", lambda device: 1)  # the serial plan then pairs the tiles
         want = serial_at_64(launch, call)
+    for got in (first, replayed, captured):
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lengths", [[1024] * 8, [3000, 0, 1, 2000, 20 * 64 + 5]], ids=["of-one-length", "mixed"])
+def test_gpu_packed_sequences_beside_the_prepare_pass_match_them_one_after_the_other(
+        gpu_device: str, monkeypatch: pytest.MonkeyPatch, lengths: list[int]) -> None:
+    # launch.HOPPER_CONCURRENT_PACKED: the pairs beside the prepare pass for packed sequences, their flags numbered
+    # by slot and the prepare programs taking the slots row by row (kernels._ready_slot, the grid rounded up to
+    # whole rows): every bit of o and the final state as the same kernels give one after the other, from the
+    # Python path, the replayed launch program and a CUDA graph; an empty and a one-token sequence among them.
+    if torch.cuda.get_device_capability(gpu_device) != (9, 0):
+        pytest.skip("the passes run side by side on sm_90 only")
+    from polykernels import platform
+    from polykernels.gated_delta_rule import launch
+
+    value_heads = 8
+    if not 4 * len(lengths) * value_heads > platform.sm_count(torch.device(gpu_device)) >= 2 * len(lengths) * 8:
+        pytest.skip("on this GPU one tile per program leaves half the SMs, or the pairs do not")
+    monkeypatch.setattr(launch, "HOPPER_CONCURRENT_PACKED", True)
+    monkeypatch.setattr(launch, "CONCURRENT_PAIRS_MIN_CHUNKS", 1)
+    launch._recipe.cache_clear()
+    launch.forget_launchers()
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=gpu_device)
+    inputs = make_inputs(1, sum(lengths), 2, value_heads, 128, 128, torch.bfloat16, device=gpu_device)
+    h0 = torch.randn(len(lengths), value_heads, 128, 128, device=gpu_device)
+    try:
+        recipe = launch._recipe(inputs[0].shape, inputs[2].shape, torch.bfloat16, cu.dtype, len(lengths), True, True,
+                                False, None, inputs[0].device, platform.current(), *_tables_here(128))
+        assert recipe.concurrent and recipe.from_v and recipe.plan.warpgroups == 2
+        first, replayed, captured, call = _side_by_side_calls(monkeypatch, inputs, h0, cu)
+        assert ran_side_by_side(launch)
+        with monkeypatch.context() as tables:
+            for name in ("RECURRENCE_BLOCK_V", "HOPPER_CONCURRENT"):
+                tables.setattr(launch, name, getattr(launch, name))  # restored after serial_at_64 replaces them
+            tables.setattr(platform, "sm_count", lambda device: 1)  # the serial plan then pairs the tiles
+            want = serial_at_64(launch, call)
+    finally:
+        launch._recipe.cache_clear()
+        launch.forget_launchers()
+    assert torch.isfinite(want[0]).all() and torch.isfinite(want[1]).all()
     for got in (first, replayed, captured):
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
@@ -1818,6 +1952,8 @@ def test_kernels_compile_for_amd(target: str) -> None:
                                         "gdn_prepare_hopper_t", "gdn_prepare_hopper_t_concurrent",
                                         "gdn_recurrence_hopper_rs_pair_from_v",
                                         "gdn_recurrence_hopper_rs_pair_from_v_concurrent",
+                                        "gdn_prepare_hopper_t_concurrent_packed",
+                                        "gdn_recurrence_hopper_rs_pair_from_v_concurrent_packed",
                                         "gdn_prepare_hopper_t_scores", "gdn_recurrence_hopper_rs_pair_from_v_scores",
                                         "gdn_recurrence_hopper_rs_lead",
                                         "gdn_segment_state_hopper_rs_after_lead",

@@ -43,6 +43,8 @@ def test_report_gives_the_recipes_plan_and_launch_order(gluon_release: None) -> 
     assert packed["segment_chunks"] == 15 and "packed sequences in segments of 15 chunks" in packed["plan"]
     wide = _h200(GdnShape(1, 32768, 32, 32))
     assert wide["launches"][0].startswith("output pass") and "ready flag" in wide["launches"][0]
+    assert "every sequence's chunk c before any sequence's chunk c + 1" in wide["launches"][1]  # kernels._ready_slot
+    assert "ready flag" not in row["launches"][0]  # alone, it raises none
     # The prepare pass's inverse: its first levels per warp where it runs alone; beside the output pass the
     # GPU's DRAM decides, not known in a preview (whole), and fewer qk heads than value heads take them.
     assert "inside each warp" in row["launches"][0] and "inside each warp" not in wide["launches"][1]
