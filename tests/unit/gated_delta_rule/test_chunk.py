@@ -1225,25 +1225,36 @@ def test_gpu_pairs_beside_the_prepare_pass_match_them_one_after_the_other(gpu_de
     if torch.cuda.get_device_capability(gpu_device) != (9, 0):
         pytest.skip("the passes run side by side on sm_90 only")
     from polykernels import platform
-    from polykernels.gated_delta_rule import launch
 
     sm_count = platform.sm_count(torch.device(gpu_device))
     if not 4 * batch * value_heads > sm_count >= 2 * batch * value_heads:
         pytest.skip("on this GPU one tile per program leaves half the SMs, or the pairs do not")
     inputs = make_inputs(batch, tokens, 8, value_heads, 128, 128, torch.bfloat16, device=gpu_device)
     h0 = torch.randn(batch, value_heads, 128, 128, device=gpu_device)
-    recipe = launch._recipe(inputs[0].shape, inputs[2].shape, torch.bfloat16, None, batch, True, True, False, None,
-                            inputs[0].device, platform.current(), *_tables_here(128))
+    runs, want = _pairs_beside_and_after(monkeypatch, inputs, h0, None, batch)
+    for got in runs:
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def _pairs_beside_and_after(monkeypatch: pytest.MonkeyPatch, inputs, h0, cu: torch.Tensor | None,
+                            num_seqs: int) -> tuple[list, tuple]:
+    """The pairs beside the prepare pass (the plan must take them): the public op's three runs (Python path,
+    replayed launch program, CUDA graph); and the same kernels one after the other, the oracle."""
+    from polykernels import platform
+    from polykernels.gated_delta_rule import launch
+
+    recipe = launch._recipe(inputs[0].shape, inputs[2].shape, torch.bfloat16, None if cu is None else cu.dtype,
+                            num_seqs, True, True, False, None, inputs[0].device, platform.current(),
+                            *_tables_here(128))
     assert recipe.concurrent and recipe.from_v and recipe.plan.warpgroups == 2
-    first, replayed, captured, call = _side_by_side_calls(monkeypatch, inputs, h0)
+    first, replayed, captured, call = _side_by_side_calls(monkeypatch, inputs, h0, cu)
     assert ran_side_by_side(launch)
     with monkeypatch.context() as tables:
         for name in ("RECURRENCE_BLOCK_V", "HOPPER_CONCURRENT"):
             tables.setattr(launch, name, getattr(launch, name))  # restored after serial_at_64 replaces them
         tables.setattr(platform, "sm_count", lambda device: 1)  # the serial plan then pairs the tiles
         want = serial_at_64(launch, call)
-    for got in (first, replayed, captured):
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    return [first, replayed, captured], want
 
 
 @pytest.mark.gpu
@@ -1260,7 +1271,8 @@ def test_gpu_packed_sequences_beside_the_prepare_pass_match_them_one_after_the_o
     from polykernels.gated_delta_rule import launch
 
     value_heads = 8
-    if not 4 * len(lengths) * value_heads > platform.sm_count(torch.device(gpu_device)) >= 2 * len(lengths) * 8:
+    programs = len(lengths) * value_heads  # the pairs'
+    if not 4 * programs > platform.sm_count(torch.device(gpu_device)) >= 2 * programs:
         pytest.skip("on this GPU one tile per program leaves half the SMs, or the pairs do not")
     monkeypatch.setattr(launch, "HOPPER_CONCURRENT_PACKED", True)
     monkeypatch.setattr(launch, "CONCURRENT_PAIRS_MIN_CHUNKS", 1)
@@ -1270,21 +1282,12 @@ def test_gpu_packed_sequences_beside_the_prepare_pass_match_them_one_after_the_o
     inputs = make_inputs(1, sum(lengths), 2, value_heads, 128, 128, torch.bfloat16, device=gpu_device)
     h0 = torch.randn(len(lengths), value_heads, 128, 128, device=gpu_device)
     try:
-        recipe = launch._recipe(inputs[0].shape, inputs[2].shape, torch.bfloat16, cu.dtype, len(lengths), True, True,
-                                False, None, inputs[0].device, platform.current(), *_tables_here(128))
-        assert recipe.concurrent and recipe.from_v and recipe.plan.warpgroups == 2
-        first, replayed, captured, call = _side_by_side_calls(monkeypatch, inputs, h0, cu)
-        assert ran_side_by_side(launch)
-        with monkeypatch.context() as tables:
-            for name in ("RECURRENCE_BLOCK_V", "HOPPER_CONCURRENT"):
-                tables.setattr(launch, name, getattr(launch, name))  # restored after serial_at_64 replaces them
-            tables.setattr(platform, "sm_count", lambda device: 1)  # the serial plan then pairs the tiles
-            want = serial_at_64(launch, call)
+        runs, want = _pairs_beside_and_after(monkeypatch, inputs, h0, cu, len(lengths))
     finally:
         launch._recipe.cache_clear()
         launch.forget_launchers()
     assert torch.isfinite(want[0]).all() and torch.isfinite(want[1]).all()
-    for got in (first, replayed, captured):
+    for got in runs:
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
