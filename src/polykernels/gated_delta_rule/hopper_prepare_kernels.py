@@ -150,7 +150,9 @@ def gdn_prepare_hopper_kernel(
     gl.static_assert(STORE_T or not SCORE_FACTORS, "SCORE_FACTORS: the pairs form P where they form v_new (STORE_T)")
     i_c, i_hv = _chunk_program(gl.program_id(0), gl.program_id(1), gl.num_programs(0), HV)
     if CONCURRENT:  # every sequence's chunk c before any sequence's chunk c + 1, as the chains beside need them
-        i_c = _ready_slot(i_c, gl.num_programs(0), N)
+        # In int32 (slots are far fewer than 2^31): in int64 ptxas serialized the whole-level form's products
+        # for want of registers (the compile matrix's check).
+        i_c = _ready_slot(i_c.to(gl.int32), gl.num_programs(0), N).to(gl.int64)
     i_h = i_hv // (HV // H)
     chunk_start, length = _chunk_span(i_c, CU, T, N, CHUNKS_PER_SEQ, BT, VARLEN, LOG_N)
     if length > 0:

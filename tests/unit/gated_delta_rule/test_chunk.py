@@ -172,7 +172,7 @@ def test_triton_many_packed_sequences_int32_boundaries(segments: int | None) -> 
 def _prepare_order_kernel(CU, T, N, CHUNKS_PER_SEQ, OUT, VARLEN: tl.constexpr, LOG_N: tl.constexpr):
     """Each prepare program's (slot or -1 past the flags' slots, first token, rows), as the Gluon pass takes them
     beside the sequential pass."""
-    i_c = _ready_slot(tl.program_id(0).to(tl.int64), tl.num_programs(0), N)
+    i_c = _ready_slot(tl.program_id(0), tl.num_programs(0), N).to(tl.int64)  # int32, as the Gluon pass takes it
     start, length = _chunk_span(i_c, CU, T, N, CHUNKS_PER_SEQ, 64, VARLEN, LOG_N)
     in_slots = i_c < _flag_slots(T, N, CHUNKS_PER_SEQ, 64, VARLEN)
     column = tl.arange(0, 4)
