@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
     try:
-        [gdn_shape(spec) for spec in args.shape]
+        for spec in args.shape:
+            gdn_shape(spec)
     except ValueError as error:
         parser.error(str(error))
 

@@ -163,7 +163,6 @@ GDN_SHAPES: list[tuple[str, int, int, int, int, list[int] | None]] = [
 ]
 
 
-
 def gdn_shape(spec: str) -> tuple[str, int, int, int, int, list[int] | None]:
     """A GDN_SHAPES row from ``B,T,H,HV`` (batch rows of T tokens) or ``L1+L2+...,H,HV`` (packed sequences
     of those lengths): shapes outside the bench for an A/B (benchmarks.gdn_ab's --shape)."""

@@ -581,8 +581,8 @@ def gdn_recurrence_hopper_rs_kernel(
     # flag (ready_flags); a look-ahead past the last chunk copies nothing and waits for the last. Flags are
     # numbered by chunk slot (batch row and chunk; a packed sequence's from its first slot, kernels._sequence_of),
     # from the segment's first.
-    if VARLEN:
-        flags = FLAGS + (start // BT + n) * HV + i_hv
+    if VARLEN:  # the segment's first chunk starts a whole number of chunks into its sequence
+        flags = FLAGS + _first_slot(start, n, BT) * HV + i_hv
     else:
         flags = FLAGS + (n * ((T + BT - 1) // BT) + (start - n * T) // BT) * HV + i_hv
     if FROM_V:  # T (in W_ptr's place), v (in U_ptr's), w's factor of k (in HLOC_ptr's)

@@ -196,7 +196,7 @@ def _prepare_order(cu: torch.Tensor | None, batch: int, tokens: int) -> list[tup
     taken = []
     for slot, start, length in out.tolist():
         if slot >= 0 and length > 0:
-            n = max(i for i in range(sequences) if starts[i] <= start and (starts[i] < starts[i + 1] or i == 0))
+            n = next(i for i in range(sequences) if starts[i] <= start < starts[i + 1])  # empty ones hold none
             taken.append((n, (start - starts[n]) // 64))
     return taken
 
@@ -1265,8 +1265,7 @@ def test_gpu_packed_sequences_beside_the_prepare_pass_match_them_one_after_the_o
     # by slot and the prepare programs taking the slots row by row (kernels._ready_slot, the grid rounded up to
     # whole rows): every bit of o and the final state as the same kernels give one after the other, from the
     # Python path, the replayed launch program and a CUDA graph; an empty and a one-token sequence among them.
-    if torch.cuda.get_device_capability(gpu_device) != (9, 0):
-        pytest.skip("the passes run side by side on sm_90 only")
+    _needs_register_state_passes(gpu_device)
     from polykernels import platform
     from polykernels.gated_delta_rule import launch
 
@@ -1302,8 +1301,7 @@ def test_gpu_pairs_forming_the_scores_match_the_stored_scores(gpu_device: str, m
     # q and k tiles and two exponents per token, where the prepare pass formed and stored it. Same arithmetic in
     # the same order: every bit of o and the final state as with P stored, from the Python path, the replayed
     # launch program and a CUDA graph; packed sequences (an empty one, one of one token) and fp16 too.
-    if torch.cuda.get_device_capability(gpu_device) != (9, 0):
-        pytest.skip("the register-state pairs run on sm_90 only")
+    _needs_register_state_passes(gpu_device)
     from polykernels import platform
     from polykernels.gated_delta_rule import launch
 
