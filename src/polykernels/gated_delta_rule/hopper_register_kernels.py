@@ -30,7 +30,12 @@ products on the state's path where the form above has two, and no w or u made or
 B8 T4096 32/32 the op 10.8% faster, BENCHMARKS.md "twenty-sixth set"). With SCORES (launch.HOPPER_PAIRS_SCORES,
 the pairs after the prepare pass) each chunk's P is formed here, from the q and k tiles and two exponents
 per token (``_scores``), not copied in: on an H100 at B8 T4096 32/32 the op 4.5% faster, the same bits
-(BENCHMARKS.md "thirty-seventh set").
+(BENCHMARKS.md "thirty-seventh set"). The same pairs also run cut batch rows (launch.HOPPER_WINDOWED_PAIRS): the
+segment-state pass in this order without outputs (FROM_V with SEGMENT_STATE and SEGMENT_WINDOW: no q, P or o; a
+transition program's v reads 0), then the pairs with AFTER_WINDOWS, each scanning back to the last window
+(``_scan_one_buffer`` at their 128 columns). w's factor of k comes in through WS_ptr. A v row that is not finite
+is seen by nothing before the pairs (the prepare pass does not read v in this form): it reaches the rest of its
+segment, and a later segment only through a window it lies in (the spec's causality holds either way).
 
 With AWAIT the pass runs beside the prepare pass (launch.plan_segments' concurrent form: uncut
 sequences, batch rows or packed, whose programs leave at least half the SMs): it is launched first,
@@ -142,6 +147,35 @@ def _copy_step(m_s, local_s, M_ptr, HLOC_ptr, slot, i_hv, col0, HV: gl.constexpr
 
 
 @gluon.jit
+def _scan_one_buffer(HLOC_ptr, M_ptr, first, j, i_hv, col0, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
+                     BV: gl.constexpr, state_l: gl.constexpr, START_ptr, start_slot):
+    """``_scan_from_lead`` with one buffer for each step's transition and state (BV = 128: 128 KiB), each step's
+    copies after the previous step's product. Under decaying gates the scan is the start state alone."""
+    tf32_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
+                                                     instr_shape=[16, K, 8])
+    state_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=tf32_l, k_width=1)
+    m_s = gl.allocate_shared_memory(gl.float32, [K, K], gl.NVMMASharedLayout.get_default_for([K, K], gl.float32))
+    local_s = gl.allocate_shared_memory(gl.float32, [K, BV],
+                                        gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0]))
+    _copy_segment_state(local_s, START_ptr, start_slot, i_hv, col0, HV, K, V, BV)
+    async_copy.commit_group()
+    async_copy.wait_group(0)
+    fence_async_shared()
+    gl.thread_barrier()
+    state = local_s.permute((1, 0)).load(tf32_l)
+    for s in range(0, (j - 1).to(gl.int32)):
+        gl.thread_barrier()  # every thread's reads of the buffers are done before they are refilled
+        _copy_step(m_s, local_s, M_ptr, HLOC_ptr, first + 1 + s, i_hv, col0, HV, K, V, BV)
+        async_copy.wait_group(0)
+        fence_async_shared()
+        gl.thread_barrier()
+        local = local_s.permute((1, 0)).load(tf32_l)
+        product = warpgroup_mma(gl.convert_layout(state, state_a), m_s.permute((1, 0)), local, is_async=True)
+        state = warpgroup_mma_wait(0, deps=(product,))
+    return gl.convert_layout(state, state_l)
+
+
+@gluon.jit
 def _scan_from_lead(HLOC_ptr, M_ptr, first, j, i_hv, col0, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr,
                     BV: gl.constexpr, DOT_PRECISION: gl.constexpr, state_l: gl.constexpr, START_ptr, start_slot):
     """Segment j's initial h^T, from its sequence's first segment's end state (which the LEAD launch left
@@ -157,6 +191,8 @@ def _scan_from_lead(HLOC_ptr, M_ptr, first, j, i_hv, col0, HV: gl.constexpr, K: 
     sits at 255 registers, and made the op 12.5-14.9% slower on the H200 (BENCHMARKS.md, "twenty-ninth
     set")."""
     gl.static_assert(DOT_PRECISION == "tf32", "the transitions' products are tf32 (16-bit inputs)")
+    if BV > 64:  # two warpgroups' columns: two buffers of each would take 256 KiB
+        return _scan_one_buffer(HLOC_ptr, M_ptr, first, j, i_hv, col0, HV, K, V, BV, state_l, START_ptr, start_slot)
     # tf32 products take 8 of K per instruction: the state's accumulator layout, another instruction shape.
     tf32_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[gl.num_warps(), 1],
                                                      instr_shape=[16, K, 8])
@@ -316,19 +352,23 @@ def _store_output_t(O_ptr, out_s, chunk_start, end, i_hv, col0, HV: gl.constexpr
 
 
 @gluon.jit
-def _copy_chunk_from_v(chunk_start, end, stage, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr, KS_ptr,
-                       WS_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr,
-                       V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr, SCORES: gl.constexpr):
-    """The FROM_V form's chunk, one cp.async group: T (BT x BT), k, v's columns, q, P, and the
-    scales (q's, k's, then w's factor of k and k's again: two power-of-two vectors). SCORES: no P, but
-    the exponents P is formed from (``_scores``), rows' then columns', after the scales."""
+def _copy_chunk_from_v(chunk_start, end, stage, i_h, i_hv, col0, v_limit, Q_ptr, K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr,
+                       KS_ptr, WS_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, H: gl.constexpr, HV: gl.constexpr,
+                       K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr,
+                       SCORES: gl.constexpr, OUTPUTS: gl.constexpr):
+    """The FROM_V form's chunk, one cp.async group: T (BT x BT), k, v's columns (those past ``v_limit``
+    read 0), q, P, and the scales (q's, k's, then w's factor of k and k's again: two power-of-two vectors).
+    SCORES: no P, but the exponents P is formed from (``_scores``), rows' then columns', after the scales.
+    Without OUTPUTS (a segment-state program) neither q nor P."""
     row_of = chunk_start * HV + i_hv
     qk_chunk = (chunk_start * H + i_h) * K
     _copy_tile(t_s.index(stage), T_ptr + row_of * BT, chunk_start, end, 0, BT, HV * BT, BT, BT, False, True)
     _copy_tile(k_s.index(stage), K_ptr + qk_chunk, chunk_start, end, 0, K, H * K, BT, BK, False, True)
-    _copy_tile(v_s.index(stage), V_ptr + row_of * V, chunk_start, end, col0, V, HV * V, BT, BV, False, V % BV == 0)
-    _copy_tile(q_s.index(stage), Q_ptr + qk_chunk, chunk_start, end, 0, K, H * K, BT, BK, False, True)
-    if not SCORES:
+    _copy_tile(v_s.index(stage), V_ptr + row_of * V, chunk_start, end, col0, v_limit, HV * V, BT, BV, False,
+               V % BV == 0 and OUTPUTS)
+    if OUTPUTS:
+        _copy_tile(q_s.index(stage), Q_ptr + qk_chunk, chunk_start, end, 0, K, H * K, BT, BK, False, True)
+    if OUTPUTS and not SCORES:
         _copy_tile(p_s.index(stage), P_ptr + row_of * BT, chunk_start, end, 0, BT, HV * BT, BT, BT, False, True)
     layout: gl.constexpr = _vector_layout(gl.num_warps())
     i = gl.arange(0, 2 * BT, layout=layout)
@@ -404,11 +444,27 @@ def _scores(qk, factors, BT: gl.constexpr):
 
 
 @gluon.jit
-def _chunks_from_v(state, start, end, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr, KS_ptr, WS_ptr,
-                   DECAY_ptr, O_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, out_s, H: gl.constexpr, HV: gl.constexpr,
-                   K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr,
-                   STAGES: gl.constexpr, CHECKED: gl.constexpr, state_l: gl.constexpr, chunk_l: gl.constexpr,
-                   flags, AWAIT: gl.constexpr, SCORES: gl.constexpr):
+def _from_v_stages(dtype: gl.constexpr, STAGES: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr,
+                   SCORES: gl.constexpr):
+    """The FROM_V form's shared memory: the chunk stages (T, k, q, P, v, the scales) and o's two buffers."""
+    t_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BT], _smem_layout(BT, BT))
+    k_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], _smem_layout(BT, BK))
+    q_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], _smem_layout(BT, BK))
+    p_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BT], _smem_layout(BT, BT))
+    v_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BV], _smem_layout(BT, BV))
+    scales_s = gl.allocate_shared_memory(gl.float32, [STAGES, (8 if SCORES else 4) * BT],
+                                         gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
+    out_s = gl.allocate_shared_memory(dtype, [2, BV, BT], gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8,
+                                                                                  order=[0, 1]))
+    return t_s, k_s, q_s, p_s, v_s, scales_s, out_s
+
+
+@gluon.jit
+def _chunks_from_v(state, start, end, i_h, i_hv, col0, v_limit, Q_ptr, K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr, KS_ptr,
+                   WS_ptr, DECAY_ptr, O_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, out_s, H: gl.constexpr,
+                   HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
+                   BV: gl.constexpr, STAGES: gl.constexpr, CHECKED: gl.constexpr, state_l: gl.constexpr,
+                   chunk_l: gl.constexpr, flags, AWAIT: gl.constexpr, SCORES: gl.constexpr, OUTPUTS: gl.constexpr):
     """FlashInfer's order of the chain: v_new^T = (v^T - (k h)^T diag(ws)) T^T, three products on
     the state's path (k h, T, the update), with q h and P behind them (launch.HOPPER_PAIRS_FROM_V).
     CHECKED: each chunk's v and k rows from the first non-finite one are zeroed, and that row's outputs
@@ -416,7 +472,9 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_pt
     each chunk's copies wait for its ready flag, as in the kernel's other chain. SCORES: the chunk's P is
     formed here from its q and k tiles (``_scores``, both warpgroups a half each), not copied in: q k^T
     issued first, scaled in the shadow of T's product and q h, and through shared memory to the output
-    product (the prepare pass then neither forms nor stores it: BENCHMARKS.md, "thirty-seventh set")."""
+    product (the prepare pass then neither forms nor stores it: BENCHMARKS.md, "thirty-seventh set").
+    Without OUTPUTS (a windowed segment-state program) the state's path alone: no q, P, q h or o; v's
+    columns past ``v_limit`` read 0 (a transition program's)."""
     dtype: gl.constexpr = T_ptr.dtype.element_ty
     state_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=chunk_l, k_width=2)
     update_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=state_l, k_width=2)
@@ -427,8 +485,9 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_pt
     for ahead in gl.static_range(STAGES - 1):
         if AWAIT:
             await_flag(flags + gl.minimum(ahead, last) * HV)
-        _copy_chunk_from_v(start + ahead * BT, end, ahead, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr,
-                           KS_ptr, WS_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, H, HV, K, V, BT, BK, BV, SCORES)
+        _copy_chunk_from_v(start + ahead * BT, end, ahead, i_h, i_hv, col0, v_limit, Q_ptr, K_ptr, T_ptr, V_ptr, P_ptr,
+                           QS_ptr, KS_ptr, WS_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, H, HV, K, V, BT, BK, BV, SCORES,
+                           OUTPUTS)
     zero = gl.zeros([BV, BT], gl.float32, layout=chunk_l)
     for c in range(0, chunks):
         chunk_start, stage, decay = _chunk_in(c, start, DECAY_ptr, i_hv, HV, BT, STAGES)
@@ -445,9 +504,9 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_pt
         # While k h runs: the chunk STAGES - 1 ahead into the stage the previous chunk used.
         if AWAIT:
             await_flag(flags + gl.minimum(c + STAGES - 1, last) * HV)
-        _copy_chunk_from_v(chunk_start + (STAGES - 1) * BT, end, (c + STAGES - 1) % STAGES, i_h, i_hv, col0, Q_ptr,
-                           K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr, KS_ptr, WS_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, H, HV,
-                           K, V, BT, BK, BV, SCORES)
+        _copy_chunk_from_v(chunk_start + (STAGES - 1) * BT, end, (c + STAGES - 1) % STAGES, i_h, i_hv, col0, v_limit,
+                           Q_ptr, K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr, KS_ptr, WS_ptr, t_s, k_s, q_s, p_s, v_s, scales_s,
+                           H, HV, K, V, BT, BK, BV, SCORES, OUTPUTS)
         w_scale = scales_s.index(stage).slice(2 * BT, BT).load(tokens_of)
         v_t = v_s.index(stage).permute((1, 0)).load(chunk_l).to(gl.float32)
         if SCORES:  # q k^T was issued first: it is done before k h
@@ -459,26 +518,29 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_pt
         if SCORES:  # P into the stage's P tile (which no copy writes in this form), in the shadow of T's product
             p_s.index(stage).store(_scores(qk, scales_s.index(stage).slice(4 * BT, 2 * BT), BT).to(dtype))
             fence_async_shared()
-        # q h behind T's product, off the state's path.
-        minus_qh = warpgroup_mma(minus_h, q_s.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True)
-        if c > 0:  # the previous chunk's output, while T's product and q h run
-            _store_output_t(O_ptr, out_s.index((c + 1) % 2), chunk_start - BT, end, i_hv, col0, HV, V, BT, BV)
+        if OUTPUTS:  # q h behind T's product, off the state's path.
+            minus_qh = warpgroup_mma(minus_h, q_s.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True)
+            if c > 0:  # the previous chunk's output, while T's product and q h run
+                _store_output_t(O_ptr, out_s.index((c + 1) % 2), chunk_start - BT, end, i_hv, col0, HV, V, BT, BV)
         k_scale = scales_s.index(stage).slice(BT, BT).load(tokens_of)
-        v_new = warpgroup_mma_wait(1, deps=(v_new,))
+        v_new = warpgroup_mma_wait(1 if OUTPUTS else 0, deps=(v_new,))
         update = gl.convert_layout((v_new * k_scale[None, :]).to(dtype), update_a)
         state = warpgroup_mma(update, k_s.index(stage), state * decay, is_async=True)
-        if SCORES:
-            gl.thread_barrier()  # every warpgroup's half of P is in before either's output product reads it
-        minus_q_scale = -scales_s.index(stage).slice(0, BT).load(tokens_of)
-        if CHECKED:
-            minus_q_scale = minus_q_scale + poison
-        minus_qh = warpgroup_mma_wait(1, deps=(minus_qh,))
-        out = warpgroup_mma(gl.convert_layout(v_new.to(dtype), state_a), p_s.index(stage).permute((1, 0)),
-                            minus_qh * minus_q_scale[None, :], is_async=True)
-        state, out = warpgroup_mma_wait(0, deps=(state, out))
-        out_s.index(c % 2).store(out.to(dtype))
+        if OUTPUTS:
+            if SCORES:
+                gl.thread_barrier()  # every warpgroup's half of P is in before either's output product reads it
+            minus_q_scale = -scales_s.index(stage).slice(0, BT).load(tokens_of)
+            if CHECKED:
+                minus_q_scale = minus_q_scale + poison
+            minus_qh = warpgroup_mma_wait(1, deps=(minus_qh,))
+            out = warpgroup_mma(gl.convert_layout(v_new.to(dtype), state_a), p_s.index(stage).permute((1, 0)),
+                                minus_qh * minus_q_scale[None, :], is_async=True)
+            state, out = warpgroup_mma_wait(0, deps=(state, out))
+            out_s.index(c % 2).store(out.to(dtype))
+        else:
+            state = warpgroup_mma_wait(0, deps=(state,))
     async_copy.wait_group(0)
-    if chunks > 0:
+    if OUTPUTS and chunks > 0:
         gl.thread_barrier()  # every thread's part of the last output tile is in
         _store_output_t(O_ptr, out_s.index((chunks + 1) % 2), start + (chunks - 1) * BT, end, i_hv, col0, HV, V, BT,
                         BV)
@@ -488,7 +550,7 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_pt
 @gluon.jit
 def gdn_recurrence_hopper_rs_kernel(
     Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr, DECAY_ptr, HINIT_ptr, HT_ptr, O_ptr, HLOC_ptr, M_ptr,
-    CU, T, N, SEGS_PER_SEQ, SEG_TOKENS, FLAGS,
+    CU, T, N, SEGS_PER_SEQ, SEG_TOKENS, FLAGS, WS_ptr,
     H: gl.constexpr, HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
     BV: gl.constexpr, NV: gl.constexpr, VARLEN: gl.constexpr, LOG_N: gl.constexpr, HAS_INITIAL: gl.constexpr,
     SEGMENT_STATE: gl.constexpr, STORE_FINAL: gl.constexpr, DOT_PRECISION: gl.constexpr,
@@ -502,8 +564,10 @@ def gdn_recurrence_hopper_rs_kernel(
     gl.static_assert(BV == 16 * WARPS, "the state's rows are 64-row products, one warpgroup each")
     gl.static_assert(not (AWAIT and SEGMENT_STATE and not AFTER_LEAD),
                      "segment states wait for ready flags only after a lead beside the prepare pass")
-    gl.static_assert(not (FROM_V and (SEGMENT_STATE or AFTER_LEAD)), "FROM_V: uncut output passes only")
-    gl.static_assert(FROM_V or not SCORES, "SCORES: the FROM_V form forms P itself")
+    gl.static_assert(not (FROM_V and (AFTER_LEAD or LEAD)), "FROM_V: not the lead form")
+    gl.static_assert(not (FROM_V and SEGMENT_STATE and not SEGMENT_WINDOW),
+                     "FROM_V: segment states only in the windowed form")
+    gl.static_assert((FROM_V and not SEGMENT_STATE) or not SCORES, "SCORES: the FROM_V output pass forms P itself")
     gl.static_assert(not (LEAD and (SEGMENT_STATE or FROM_V or AFTER_LEAD)), "LEAD: an output pass")
     gl.static_assert(not SEGMENT_WINDOW or (SEGMENT_STATE and not AWAIT and not FIRST_TAKES_REST),
                      "SEGMENT_WINDOW: a segment-state pass after the prepare pass (its GROWTH in the decays)")
@@ -585,32 +649,40 @@ def gdn_recurrence_hopper_rs_kernel(
         flags = FLAGS + _first_slot(start, n, BT) * HV + i_hv
     else:
         flags = FLAGS + (n * ((T + BT - 1) // BT) + (start - n * T) // BT) * HV + i_hv
-    if FROM_V:  # T (in W_ptr's place), v (in U_ptr's), w's factor of k (in HLOC_ptr's)
+    if FROM_V:  # T (in W_ptr's place), v (in U_ptr's), w's factor of k (WS_ptr)
         if LEADS:
             launch_dependents()
-        t_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BT], _smem_layout(BT, BT))
-        k_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], _smem_layout(BT, BK))
-        q_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BK], _smem_layout(BT, BK))
-        p_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BT], _smem_layout(BT, BT))
-        v_s = gl.allocate_shared_memory(dtype, [STAGES, BT, BV], _smem_layout(BT, BV))
-        scales_s = gl.allocate_shared_memory(gl.float32, [STAGES, (8 if SCORES else 4) * BT],
-                                             gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
-        out_s = gl.allocate_shared_memory(dtype, [2, BV, BT], gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8,
-                                                                                      order=[0, 1]))
-        state = _chunks_from_v(state, start, end, i_h, i_hv, col0, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr, KS_ptr,
-                               HLOC_ptr, DECAY_ptr, O_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, out_s, H, HV, K, V, BT,
-                               BK, BV, STAGES, False, state_l, chunk_l, flags, AWAIT, SCORES)
+        t_s, k_s, q_s, p_s, v_s, scales_s, out_s = _from_v_stages(dtype, STAGES, BT, BK, BV, SCORES)
+        state = _chunks_from_v(state, start, end, i_h, i_hv, col0, u_limit, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr,
+                               KS_ptr, WS_ptr, DECAY_ptr, O_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, out_s, H, HV, K, V,
+                               BT, BK, BV, STAGES, False, state_l, chunk_l, flags, AWAIT, SCORES, OUTPUTS)
         # A non-finite v or k row reaches every row of T's product (0 x Inf), and from there the state:
-        # the rare program whose state ends non-finite runs again, checking each chunk's v and k rows.
-        if gl.max(gl.max(gl.where(state * 0.0 == 0.0, 0, 1), axis=1), axis=0) > 0:
-            gl.thread_barrier()  # every thread's reads of the last stages are done
-            if HAS_INITIAL:  # the entry state again (held across the first run it made the pass spill)
-                state = gl.load(HINIT_ptr + (i_s * HV + i_hv) * K * V + tile, mask=tile_mask, other=0.0)
-            else:
-                state = gl.zeros([BV, BK], gl.float32, layout=state_l)
-            state = _chunks_from_v(state, start, end, i_h, i_hv, col0, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr,
-                                   KS_ptr, HLOC_ptr, DECAY_ptr, O_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, out_s, H, HV,
-                                   K, V, BT, BK, BV, STAGES, True, state_l, chunk_l, flags, AWAIT, SCORES)
+        # the rare output program whose state ends non-finite runs again, checking each chunk's v and k rows
+        # (a segment state ends non-finite either way). The entry state is formed again: held across the
+        # first run it made the pass spill.
+        if OUTPUTS:  # noqa: SIM102 (a constexpr: segment states have no state tile's offsets to reload)
+            if gl.max(gl.max(gl.where(state * 0.0 == 0.0, 0, 1), axis=1), axis=0) > 0:
+                gl.thread_barrier()  # every thread's reads of the last stages are done
+                if AFTER_WINDOWS:
+                    # The scan's buffers and the stages do not fit together: the first run's stages end here
+                    # and the second run's are new ones (shared memory goes by liveness).
+                    state = _state_after_windows(HLOC_ptr, M_ptr, DECAY_ptr, HINIT_ptr, n, i_s,
+                                                 gl.where(valid, j, 0), start, i_hv, col0, SEG_TOKENS, HV, K, V, BT,
+                                                 BV, HAS_INITIAL, DOT_PRECISION, state_l)
+                    t2_s, k2_s, q2_s, p2_s, v2_s, scales2_s, out2_s = _from_v_stages(dtype, STAGES, BT, BK, BV, SCORES)
+                    state = _chunks_from_v(state, start, end, i_h, i_hv, col0, u_limit, Q_ptr, K_ptr, W_ptr, U_ptr,
+                                           P_ptr, QS_ptr, KS_ptr, WS_ptr, DECAY_ptr, O_ptr, t2_s, k2_s, q2_s, p2_s,
+                                           v2_s, scales2_s, out2_s, H, HV, K, V, BT, BK, BV, STAGES, True, state_l,
+                                           chunk_l, flags, AWAIT, SCORES, OUTPUTS)
+                else:
+                    if HAS_INITIAL:
+                        state = gl.load(HINIT_ptr + (i_s * HV + i_hv) * K * V + tile, mask=tile_mask, other=0.0)
+                    else:
+                        state = gl.zeros([BV, BK], gl.float32, layout=state_l)
+                    state = _chunks_from_v(state, start, end, i_h, i_hv, col0, u_limit, Q_ptr, K_ptr, W_ptr, U_ptr,
+                                           P_ptr, QS_ptr, KS_ptr, WS_ptr, DECAY_ptr, O_ptr, t_s, k_s, q_s, p_s, v_s,
+                                           scales_s, out_s, H, HV, K, V, BT, BK, BV, STAGES, True, state_l, chunk_l,
+                                           flags, AWAIT, SCORES, OUTPUTS)
     else:
         w_s, k_s, q_s, p_s, u_s = _chunk_stages(dtype, STAGES, BT, BK, BV)
         scales_s = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * BT],

@@ -70,6 +70,7 @@ def plan_segments(
     register_pairs: Collection[int] = (), concurrent_tiles: Mapping[int, int] | None = None,
     lead_tiles: Mapping[int, int] | None = None, lead_rates: LeadRates | None = None, packed: bool = False,
     block_vs: tuple[int, int] | None = None, concurrent_pairs: Collection[int] = (),
+    windowed_pairs: Mapping[int, int] | None = None,
 ) -> SegmentPlan:
     """The V tile and the segments per sequence, from (N, HV, T, K, V, SMs).
 
@@ -105,7 +106,10 @@ def plan_segments(
     ``lead_rates``: where the lead form can also start beside the prepare pass (HOPPER_LEAD_BESIDE_PREPARE):
     taken where those rates estimate it at least LEAD_BESIDE_GAIN shorter (``_lead_beside_prepare``), with
     the first segment the longer one. ``block_vs``: the (wide, narrow) V tiles of the device's arch
-    (``triton_pass_launches``; default: RECURRENCE_BLOCK_V's).
+    (``triton_pass_launches``; default: RECURRENCE_BLOCK_V's). ``windowed_pairs``: the V tiles at which batch
+    rows can be cut into segments of pairs whose states take the gates' windows, each with its least chunks per
+    segment (HOPPER_WINDOWED_PAIRS): taken, where no count is forced, where one wave of pairs makes at least
+    WINDOWED_PAIRS_MIN_SEGMENTS segments of those chunks per sequence.
     """
     chunks = max(1, -(-total_tokens // num_seqs // CHUNK))
     wide, narrow = block_vs or RECURRENCE_BLOCK_V[_block(key_dim)]
@@ -118,6 +122,17 @@ def plan_segments(
     fewer_waves = wide in register_tiles and wide_waves < narrow_waves
     block_v = wide if wide_anyway or fewer_waves else narrow
     programs = num_seqs * value_heads * -(-value_dim // block_v)
+    pair_least = (windowed_pairs or {}).get(wide)
+    if pair_least and num_segments is None and not packed and value_dim > wide:
+        pair_programs = num_seqs * value_heads * -(-value_dim // (2 * wide))
+        segments = min(sm_count // pair_programs, chunks // pair_least)
+        if segments >= WINDOWED_PAIRS_MIN_SEGMENTS:
+            segment_chunks = -(-chunks // segments)
+            count = -(-chunks // segment_chunks)
+            return SegmentPlan(segments=count, segment_chunks=segment_chunks, block_v=wide, warpgroups=2,
+                               reason=(f"{pair_programs} sequential programs of two {wide}-column tiles "
+                                       f"(N x HV x V/{2 * wide}) for {sm_count} SMs: {count} segments of "
+                                       f"{segment_chunks} chunks per sequence"))
     least = (lead_tiles or {}).get(block_v)  # the lead form's least chunks per segment at this tile
     one_more = False  # the lead form takes the first segment out of the second wave: one segment more
     packed_chunks = 0  # packed sequences in the lead form: chunks per segment (_packed_lead_chunks)
@@ -453,6 +468,20 @@ HOPPER_PAIRS_FROM_V = True
 # bytes bought nothing even for free (a timing-only bound: +0.9%), so not there (BENCHMARKS.md,
 # "thirty-seventh set").
 HOPPER_PAIRS_SCORES = True
+# Batch rows cut into one wave of the pairs (two 64-column tiles per program), on sm_90 where the pairs take
+# HOPPER_PAIRS_FROM_V and HOPPER_PAIRS_SCORES and the segment states SEGMENT_WINDOWS with HOPPER_SCAN_WINDOWS: per
+# V tile, the least chunks per segment (FlashQLA's context parallelism in our passes). The prepare pass runs alone
+# on every SM storing T; the windowed segment states run in the same order of the chain (hopper_register_kernels'
+# FROM_V without outputs); then the pairs, each scanning back to the last window and forming P. At B1 T32768 32/32
+# that is 128 pair programs of 128 chunks where the one-tile programs beside the prepare pass ran 64 of 512. On an
+# H100 against that form: B1 T32768 32/32 -41.6%, 16/32 -15.4%, B1 T131072 32/32 -43.9%; against the one-tile
+# windows: 1x32768 2/8 -12.2%, 1x65536 2/8 -15.7%, 1x32768 4/16 -15.5%; under mixed gates (a quarter of the heads
+# never forget) -26.3% and -7.0% (BENCHMARKS.md, "thirty-ninth set"). An empty table turns it off.
+HOPPER_WINDOWED_PAIRS: Mapping[int, int] = types.MappingProxyType({64: 32})
+# ... where one wave of pairs makes this many segments or more: at 1x8192 16/64 two segments of 64 chunks were
+# 12.1% slower than the pairs beside the prepare pass (H100); four and more were faster everywhere measured, three
+# was not measured.
+WINDOWED_PAIRS_MIN_SEGMENTS = 4
 # Packed sequences (cu_seqlens) beside the prepare pass too, by the batch rows' rules with their average length
 # (plan_segments' chunks). Off: the plan cannot see how long the longest is, and that chain then bounds the op
 # at the pairs' pace beside (about 2.9 us a chunk, where the one-tile pass after the prepare pass takes 1.55).
@@ -636,26 +665,26 @@ def launch_chunk_gated_delta_rule(
         prepared = scratch[:6]
         segments = (cu, tokens, num_seqs, recipe.segments_per_seq, recipe.segment_tokens)
         h_init = scratch.h_init if recipe.segment_chunks and not recipe.after_windows else initial
-        # from_v: T (in w's part) and v where w and u go, and k's factor (in u's part) in the slot of the
-        # segment states, which an uncut pass leaves unused.
+        # from_v: T (in w's part) and v where w and u go, and k's factor (in u's part) as the register-state
+        # passes' last pointer (WS_ptr; unused elsewhere).
         read, factor = ((scratch.w, v, *prepared[2:]), scratch.u) if recipe.from_v else (prepared, final)
         # lead: the output pass scans the segment states itself (no combine pass), from the first segments'
         # end states, which the lead pass leaves in h_local's slots of those segments.
         # after_windows: the same, back to the last segment whose window dropped its past.
         scans = recipe.lead or recipe.after_windows
-        read_segments = (scratch.h_local, scratch.transitions) if scans else (factor, final)
+        read_segments = (scratch.h_local, scratch.transitions) if scans else (final, final)
         return _Arguments(
             prepare=(q, k, v, g, beta, *prepared, cu, tokens, num_seqs, recipe.chunks_per_seq, scale,
                      *((scratch.flags, recipe.sequential_programs) if recipe.hopper_prepare else ())),
             # Each sequence's first segment (grid (NV, N, HV)): its end state goes to h_local's slot of that
             # segment, which the segment-state pass leaves unused.
-            lead=(q, k, *prepared, initial, final, o, scratch.h_local, final, *segments, scratch.flags),
-            segment_state=(q, k, *prepared, final, final, o, scratch.h_local, scratch.transitions, *segments,
-                           *((scratch.flags,) if recipe.segment_registers else ())),
+            lead=(q, k, *prepared, initial, final, o, scratch.h_local, final, *segments, scratch.flags, final),
+            segment_state=(q, k, *read, final, final, o, scratch.h_local, scratch.transitions, *segments,
+                           *((scratch.flags, factor) if recipe.segment_registers else ())),
             combine=(initial, scratch.h_local, scratch.transitions, scratch.h_init, cu, num_seqs,
                      recipe.segments_per_seq, recipe.segment_tokens),
             recurrence=(q, k, *read, h_init, final, o, *read_segments, *segments,
-                        *((scratch.flags,) if recipe.hopper_registers else ())),
+                        *((scratch.flags, factor) if recipe.hopper_registers else ())),
         )
 
     # Every intermediate lives in one allocation passed as addresses: one torch.empty, not up to nine.
@@ -697,7 +726,7 @@ def launch_tables(block_k: int, arch: str | None) -> tuple:
             tuple(HOPPER_LEAD_SEGMENT.items()), tuple(HOPPER_LEAD_BESIDE_PREPARE.items()), HOPPER_WARP_BLOCK_INVERSE,
             HOPPER_CONCURRENT_WARP_BLOCKS_GBPS, gluon_allowed(), SEGMENT_WINDOWS,
             HOPPER_PACKED_WINDOWS, HOPPER_SCAN_WINDOWS, tuple(HOPPER_CONCURRENT_PAIRS.items()), HOPPER_PAIRS_SCORES,
-            HOPPER_CONCURRENT_PACKED)
+            HOPPER_CONCURRENT_PACKED, tuple(HOPPER_WINDOWED_PAIRS.items()))
 
 
 def concurrent_warp_blocks(heads: int, value_heads: int, dram_gbps: float | None,
@@ -799,6 +828,7 @@ def _recipe(
     concurrent_warp_blocks_gbps: float = math.inf, gluon: bool = True, segment_windows: bool = False,
     packed_windows: bool = False, scan_windows: bool = False,
     concurrent_pairs: tuple[tuple[int, int], ...] = (), pairs_scores: bool = False, concurrent_packed: bool = False,
+    windowed_pairs: tuple[tuple[int, int], ...] = (),
     *,
     sms: int | None = None,
     dram_gbps: float | None = None,
@@ -834,7 +864,8 @@ def _recipe(
                              else (), lead_tiles=lead_tiles,
                              lead_rates=(dict(lead_beside_prepare).get(key_dim) if overlap and lead_tiles
                                          and not varlen else None),
-                             packed=varlen, block_vs=block_vs)
+                             packed=varlen, block_vs=block_vs,
+                             windowed_pairs=dict(windowed_pairs) if pair_windows else None)
 
     # SEGMENT_WINDOWS: the Gluon passes (K = V = 128) cut without the lead form, their segment states in the
     # register-state pass (whose segment-state programs take the windows) whatever the segments' length, where
@@ -843,10 +874,16 @@ def _recipe(
     # windows wherever the plan cuts.
     gluon_windows = (segment_windows and gluon_prepare and key_dim == value_dim == 128
                      and (not varlen or (packed_windows and scan_windows)))
+    # HOPPER_WINDOWED_PAIRS: batch rows cut into pairs in FlashInfer's order, P formed in them, their segment states
+    # windowed in the same form and scanned by the output programs.
+    pair_windows = (gluon_windows and scan_windows and pairs_from_v and pairs_scores and not varlen
+                    and bool(windowed_pairs))
     plan = plan_for(None) if gluon_windows else plan_for(lead_tiles)
-    if gluon_windows and not (plan.segments > 1 and not plan.concurrent and plan.warpgroups == 1
-                              and plan.block_v in dict(hopper_register_stages)
-                              and plan.block_v in dict(hopper_register_segment_stages)):
+    cut_pairs = (pair_windows and plan.segments > 1 and plan.warpgroups == 2
+                 and plan.block_v in dict(hopper_register_pairs))
+    if gluon_windows and not cut_pairs and not (plan.segments > 1 and not plan.concurrent and plan.warpgroups == 1
+                                                and plan.block_v in dict(hopper_register_stages)
+                                                and plan.block_v in dict(hopper_register_segment_stages)):
         gluon_windows, plan = False, plan_for(lead_tiles)
     triton_windows = segment_windows and not on_hopper and plan.segments > 1
     windows = gluon_windows or triton_windows
@@ -893,7 +930,9 @@ def _recipe(
     recurrence_tail = {"num_warps": num_warps, "num_stages": num_stages}
     # The register-state pass: uncut sequences, and the passes over long enough segments
     # (HOPPER_REGISTER_CUT; the segment-state pass falls back on hopper_kernels' at the same tile).
-    if segment_chunks:
+    if cut_pairs:  # both sequential passes the pairs' (the segment states without outputs)
+        register_stages = dict(hopper_register_pairs)[plan.block_v]
+    elif segment_chunks:
         least = dict(hopper_register_cut).get(block_v)
         segment_pass = block_v in dict(hopper_register_segment_stages) or block_v in dict(hopper_stages)
         register_stages = (dict(hopper_register_stages).get(block_v)
@@ -911,8 +950,10 @@ def _recipe(
     if hopper:
         recurrence_tail = {"STAGES": stages, "num_warps": 4 * plan.warpgroups}
     segment_tail = recurrence_tail
-    segment_stages = dict(hopper_register_segment_stages).get(block_v) if segment_chunks and hopper_registers else None
-    from_v = (pairs_from_v and gluon_prepare and plan.warpgroups == 2 and not segment_chunks
+    segment_stages = None
+    if segment_chunks and hopper_registers:
+        segment_stages = register_stages if cut_pairs else dict(hopper_register_segment_stages).get(block_v)
+    from_v = (pairs_from_v and gluon_prepare and plan.warpgroups == 2 and (not segment_chunks or cut_pairs)
               and (not plan.concurrent or pairs_beside) and key_dim == 128 and value_dim % block_v == 0)
     scores_in_pairs = from_v and pairs_scores and not plan.concurrent  # HOPPER_PAIRS_SCORES
     if hopper_registers:
@@ -923,7 +964,8 @@ def _recipe(
         if segment_chunks:  # the register-state segment-state pass, or hopper_kernels'
             # lead: the first segments' output pass's programmatic dependent, beside it (beside_prepare: the
             # prepare pass's, each chunk's copies after its flag).
-            segment_tail = ({"STAGES": segment_stages, "num_warps": 4, "AWAIT": beside_prepare, "FROM_V": False,
+            segment_tail = ({"STAGES": segment_stages, "num_warps": 4 * plan.warpgroups, "AWAIT": beside_prepare,
+                             "FROM_V": from_v,
                              "LEAD": False, "AFTER_LEAD": lead, "FIRST_TAKES_REST": beside_prepare,
                              **({"SEGMENT_WINDOW": True} if gluon_windows else {}),
                              **({"launch_pdl": True} if lead else {})}
@@ -955,7 +997,7 @@ def _recipe(
               hopper_register_pairs, hopper_concurrent, combine_launch, hopper_register_cut,
               hopper_register_segment_stages, pairs_from_v, lead_segment, lead_beside_prepare,
               warp_block_inverse, concurrent_warp_blocks_gbps, gluon, segment_windows, packed_windows, scan_windows,
-              concurrent_pairs, pairs_scores, concurrent_packed,
+              concurrent_pairs, pairs_scores, concurrent_packed, windowed_pairs,
               # What the plan read beyond the arguments (the device's SM count and DRAM, the environment): the
               # launchers keep each compiled kernel by this spec, so recipes that differ there only must not share.
               sm_count, overlap, per_warp_beside),

@@ -108,9 +108,11 @@ def _launch_line(name: str, grid: tuple[int, ...], meta: dict[str, object]) -> s
     if name == "prepare" and meta.get("CONCURRENT"):  # kernels._ready_slot
         waits = ", raises each chunk's ready flag, every sequence's chunk c before any sequence's chunk c + 1"
     # The Gluon prepare pass's forms: what it stores for the pairs, and where its inverse's first levels run.
-    stores = ", stores T = (I + A)^-1 diag(beta), the pass after it forms v_new" if meta.get("STORE_T") else ""
+    stores = ", stores T = (I + A)^-1 diag(beta), the passes after it form v_new" if meta.get("STORE_T") else ""
     if meta.get("SCORE_FACTORS"):
-        stores += " and the scores P (from two exponents per token stored in P's place)"
+        stores += "; the output pass forms the scores P (from two exponents per token stored in P's place)"
+    if name != "prepare" and meta.get("FROM_V"):  # FlashInfer's order of the chain (hopper_register_kernels)
+        stores = ", v_new from T and v" + (" and P from q and k" if meta.get("SCORES") else "")
     inverse = ", the inverse's levels joining 1 to 8 rows inside each warp" if meta.get("WARP_BLOCKS") else ""
     scans = (", each program's initial state scanned from the segment states back to the last window (no combine "
              "pass)" if meta.get("AFTER_WINDOWS") else "")

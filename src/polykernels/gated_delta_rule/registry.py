@@ -209,7 +209,8 @@ for _name, _concurrent, _warp_blocks in (("gdn_prepare_hopper", False, HOPPER_WA
 # Also its two-warpgroup form (two neighbouring V tiles per program), and the form that waits for
 # each chunk's ready flag beside the prepare pass (batch rows; packed sequences: the pairs' entries below).
 _RS_SIGNATURE = {**{name: kind for name, kind in _RECURRENCE_SIGNATURE.items() if kind != "constexpr"},
-                 "FLAGS": "*i32", **{name: kind for name, kind in _RECURRENCE_SIGNATURE.items() if kind == "constexpr"},
+                 "FLAGS": "*i32", "WS_ptr": "*fp32",
+                 **{name: kind for name, kind in _RECURRENCE_SIGNATURE.items() if kind == "constexpr"},
                  "STAGES": "constexpr", "AWAIT": "constexpr"}
 for _name, _warpgroups, _stages, _await, _segment_state in (
     ("gdn_recurrence_hopper_rs", 1, HOPPER_REGISTER_STAGES[_WIDE_BV], False, False),
@@ -331,6 +332,40 @@ register(KernelSpec(
     allowed=_on_hopper, platform_constexprs=_precision,
     options={"num_warps": 8},
 ))
+# launch.HOPPER_WINDOWED_PAIRS (sm_90, batch rows cut into pairs): the prepare pass storing T, the score exponents
+# and each chunk's growth bound; the windowed segment states in FlashInfer's order (no outputs); the pairs after
+# them, each scanning back to the last window and forming P.
+register(KernelSpec(
+    name="gdn_prepare_hopper_t_scores_growth", module="polykernels.gated_delta_rule.hopper_prepare_kernels",
+    function="gdn_prepare_hopper_kernel",
+    signature={**{name: ("*fp32" if name in ("U_ptr", "P_ptr") else kind) for name, kind in _PREPARE_SIGNATURE.items()
+                  if kind != "constexpr"},
+               "FLAGS": "*i32", "SEQUENTIAL_PROGRAMS": "i32",
+               **{name: kind for name, kind in _PREPARE_SIGNATURE.items() if kind == "constexpr"},
+               **_constexpr("CONCURRENT", "STORE_T", "WARP_BLOCKS", "GROWTH", "SCORE_FACTORS")},
+    constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV, "VARLEN": False,
+                "CONCURRENT": False, "STORE_T": True, "WARP_BLOCKS": HOPPER_WARP_BLOCK_INVERSE, "GROWTH": True,
+                "SCORE_FACTORS": True},
+    allowed=_on_hopper, platform_constexprs=functools.partial(_prepare_precision, False),
+    options={"num_warps": 4, **({"maxnreg": _PREPARE_CAP} if _PREPARE_CAP else {})},
+))
+for _name, _segment_state in (("gdn_segment_state_hopper_rs_pair_from_v_window", True),
+                              ("gdn_recurrence_hopper_rs_pair_from_v_scores_after_windows", False)):
+    register(KernelSpec(
+        name=_name, module="polykernels.gated_delta_rule.hopper_register_kernels",
+        function="gdn_recurrence_hopper_rs_kernel",
+        signature={**{name: ("*fp32" if name == "P_ptr" else kind) for name, kind in _RS_SIGNATURE.items()},
+                   **_constexpr("FROM_V", "LEAD", "AFTER_LEAD", "FIRST_TAKES_REST", "SEGMENT_WINDOW",
+                                "AFTER_WINDOWS", "SCORES")},
+        constexprs={**_SHAPE, "V": 128, "BV": 2 * _WIDE_BV, "NV": 128 // (2 * _WIDE_BV), "VARLEN": False,
+                    "LOG_N": 1, "HAS_INITIAL": False, "SEGMENT_STATE": _segment_state,
+                    "STORE_FINAL": not _segment_state, "STAGES": HOPPER_REGISTER_PAIRS[_WIDE_BV], "AWAIT": False,
+                    "FROM_V": True, "LEAD": False, "AFTER_LEAD": False, "FIRST_TAKES_REST": False,
+                    "SEGMENT_WINDOW": _segment_state, "AFTER_WINDOWS": not _segment_state,
+                    "SCORES": not _segment_state},
+        allowed=_on_hopper, platform_constexprs=_precision,
+        options={"num_warps": 8},
+    ))
 # launch.HOPPER_LEAD_SEGMENT (sm_90, cut sequences): each sequence's first segment's output pass (LEAD), the
 # segment-state pass of the segments after it as that launch's programmatic dependent, and the output
 # pass of the segments after the first (AFTER_LEAD), each program scanning the segment states up to its own.

@@ -358,6 +358,7 @@ def test_concurrent_recipe_launches_the_prepare_pass_as_the_waiting_sequential_p
     for variable in ("CUDA_LAUNCH_BLOCKING", *launch.INJECTED_TOOL_VARIABLES, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
                      "POLYKERNELS_GDN_CONCURRENT"):
         monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(launch, "HOPPER_WINDOWED_PAIRS", {})  # B1 rows: not cut into windowed pairs here
     recipe = _sm90_recipe(monkeypatch, 1, 32768, 32, 32, None)
     assert recipe.concurrent and recipe.hopper_registers and recipe.hopper_prepare
     assert recipe.prepare_meta["CONCURRENT"] and recipe.prepare_meta["launch_pdl"]  # the dependent launch
@@ -452,6 +453,7 @@ def test_recipes_planned_for_other_devices_or_environments_never_share_kernels(m
 
     for variable in ("CUDA_LAUNCH_BLOCKING", *launch.INJECTED_TOOL_VARIABLES, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"):
         monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(launch, "HOPPER_WINDOWED_PAIRS", {})  # B1 rows: not cut into windowed pairs here
     recipes = []
     for sms, dram_gbps, overlap in ((132, 3352.0, "1"), (100, 3352.0, "1"), (132, 4800.0, "1"), (132, 3352.0, "0")):
         monkeypatch.setenv("POLYKERNELS_GDN_CONCURRENT", overlap)
@@ -478,6 +480,7 @@ def test_concurrent_prepare_takes_the_per_warp_inverse_where_dram_or_heads_allow
                      "POLYKERNELS_GDN_CONCURRENT"):
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setattr(platform, "dram_gbps", lambda device: dram_gbps)
+    monkeypatch.setattr(launch, "HOPPER_WINDOWED_PAIRS", {})  # B1 rows: not cut into windowed pairs here
     launch._recipe.cache_clear()
     recipe = _sm90_recipe(monkeypatch, 1, 32768, heads, 32, None)
     assert recipe.concurrent and recipe.prepare_meta["CONCURRENT"]
@@ -1148,7 +1151,10 @@ def _side_by_side_calls(monkeypatch: pytest.MonkeyPatch, inputs, h0, cu: torch.T
     then the direct launch at a given segment count, for the oracle (``cu``: packed sequences)."""
     from polykernels import _programs
     from polykernels._programs import Zero
+    from polykernels.gated_delta_rule import launch
 
+    # The batch rows that run beside the prepare pass in these tests are cut into windowed pairs by default.
+    monkeypatch.setattr(launch, "HOPPER_WINDOWED_PAIRS", {})
     registered = _registered_programs(monkeypatch)
 
     def public():
@@ -1243,6 +1249,7 @@ def _pairs_beside_and_after(monkeypatch: pytest.MonkeyPatch, inputs, h0, cu: tor
     from polykernels import platform
     from polykernels.gated_delta_rule import launch
 
+    monkeypatch.setattr(launch, "HOPPER_WINDOWED_PAIRS", {})  # (batch rows: not cut into windowed pairs)
     recipe = launch._recipe(inputs[0].shape, inputs[2].shape, torch.bfloat16, None if cu is None else cu.dtype,
                             num_seqs, True, True, False, None, inputs[0].device, platform.current(),
                             *_tables_here(128))
@@ -1391,6 +1398,7 @@ def test_segment_windows_cut_without_the_lead_form(monkeypatch: pytest.MonkeyPat
     # the segment-state programs finding their windows. Off, the lead form.
     from polykernels.gated_delta_rule import launch
 
+    monkeypatch.setattr(launch, "HOPPER_WINDOWED_PAIRS", {})  # one tile per program (the pairs': the test after)
     thin = _sm90_recipe(monkeypatch, 1, 32768, 2, 8, None)
     assert (thin.segment_windows, thin.lead, thin.segments_per_seq, thin.segment_chunks) == (True, False, 8, 64)
     assert thin.segment_state_meta["SEGMENT_WINDOW"] and thin.prepare_meta["GROWTH"]
@@ -1429,6 +1437,68 @@ def test_segment_windows_cut_without_the_lead_form(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(launch, "SEGMENT_WINDOWS", False)
     off = _sm90_recipe(monkeypatch, 1, 32768, 2, 8, None)
     assert off.lead and not off.segment_windows and off.segments_per_seq == 9
+
+
+def test_segment_plan_cuts_batch_rows_into_windowed_pairs_of_one_wave() -> None:
+    # launch.HOPPER_WINDOWED_PAIRS: where two-tile programs leave half the SMs, one wave of them in segments of at
+    # least the table's chunks, at least WINDOWED_PAIRS_MIN_SEGMENTS of them; never packed, never a forced count.
+    from polykernels.gated_delta_rule.launch import WINDOWED_PAIRS_MIN_SEGMENTS, plan_segments
+
+    pairs = {"register_tiles": (64,), "register_pairs": (64,), "windowed_pairs": {64: 32}}
+    b1 = plan_segments(1, 32768, 32, 132, **pairs)  # 32 pair programs: four segments of 128 chunks
+    assert (b1.segments, b1.segment_chunks, b1.block_v, b1.warpgroups, b1.concurrent) == (4, 128, 64, 2, False)
+    assert "32 sequential programs of two 64-column tiles (N x HV x V/128) for 132 SMs" in b1.reason
+    assert (plan_segments(1, 32768, 8, 132, **pairs).segments, plan_segments(1, 65536, 8, 132, **pairs).segments) == (
+        16, 16)  # 8 pair programs: sixteen segments of 32 and of 64 chunks
+    assert plan_segments(1, 8192, 8, 132, **pairs).segment_chunks == 32  # 128 chunks: four of the least 32
+    assert WINDOWED_PAIRS_MIN_SEGMENTS == 4
+    assert plan_segments(1, 8192, 64, 132, **pairs).warpgroups == 1  # 64 pair programs: two segments, too few
+    assert plan_segments(1, 4096, 8, 132, **pairs).warpgroups == 1  # 64 chunks: two of 32, too few
+    assert plan_segments(8, 8 * 4096, 32, 132, **pairs).segments == 1  # 256 pairs fill the GPU: not cut
+    assert plan_segments(1, 32768, 32, 132, num_segments=2, **pairs).warpgroups == 1  # a forced count
+    assert plan_segments(2, 32768, 8, 132, packed=True, **pairs).warpgroups == 1  # lengths not known
+    assert plan_segments(1, 32768, 32, 132, value_dim=64, **pairs).warpgroups == 1  # one tile only
+    assert plan_segments(1, 32768, 32, 132, register_tiles=(64,), register_pairs=(64,)).warpgroups == 1  # no table
+
+
+def test_windowed_pairs_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    # B1 T32768 32/32 on sm_90: the prepare pass alone storing T, the score exponents and the growth; the windowed
+    # segment states in FlashInfer's order (two tiles, no outputs: no P formed); the pairs after them forming P and
+    # scanning back to the last window: no combine pass, no lead, nothing side by side. The tables it needs off: the
+    # one-tile form beside the prepare pass, as before.
+    from polykernels.gated_delta_rule import launch
+
+    for variable in ("CUDA_LAUNCH_BLOCKING", *launch.INJECTED_TOOL_VARIABLES, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+                     "POLYKERNELS_GDN_CONCURRENT"):
+        monkeypatch.delenv(variable, raising=False)
+    recipe = _sm90_recipe(monkeypatch, 1, 32768, 32, 32, None)
+    assert (recipe.segments_per_seq, recipe.segment_chunks, recipe.plan.warpgroups) == (4, 128, 2)
+    assert recipe.from_v and recipe.segment_windows and recipe.after_windows and recipe.segment_registers
+    assert not (recipe.concurrent or recipe.lead or recipe.beside_prepare)
+    assert [name for _, _, name, _, _ in launch._launches(recipe, launch._launchers(), ())] == [
+        "prepare", "segment_state", "recurrence"]
+    prepare, states, outputs = recipe.prepare_meta, recipe.segment_state_meta, recipe.recurrence_meta
+    assert prepare["STORE_T"] and prepare["SCORE_FACTORS"] and prepare["GROWTH"] and not prepare["CONCURRENT"]
+    assert recipe.segment_state_grid == (2, 4, 32) and recipe.recurrence_grid == (1, 4, 32)
+    pair_stages = launch.HOPPER_REGISTER_PAIRS[64]
+    assert (states["BV"], states["num_warps"], states["STAGES"]) == (128, 8, pair_stages)
+    assert states["FROM_V"] and states["SEGMENT_WINDOW"] and "SCORES" not in states and not states["AWAIT"]
+    assert (outputs["BV"], outputs["num_warps"], outputs["STAGES"]) == (128, 8, pair_stages)
+    assert outputs["FROM_V"] and outputs["SCORES"] and outputs["AFTER_WINDOWS"] and not outputs["HAS_INITIAL"]
+    parts = dict(zip(launch._Scratch._fields, recipe.workspace.parts, strict=True))
+    assert parts["u"].shape == (32768, 32) and parts["u"].dtype == torch.float32  # k's factor in w
+    assert parts["scores"].shape == (32768, 32, 2)  # P's two exponents per token
+    assert parts["h_local"].shape == (4, 32, 128, 128) and parts["transitions"].shape == (4, 32, 128, 128)
+    assert parts["h_init"].shape[0] == 0 and parts["flags"].shape == (0,)
+    assert _sm90_recipe(monkeypatch, 1, 32768, 32, 32, None, has_initial=True).recurrence_meta["HAS_INITIAL"]
+    # Each table it rests on turns it off: the one-tile programs beside the prepare pass instead.
+    for name, off in (("HOPPER_WINDOWED_PAIRS", {}), ("HOPPER_PAIRS_SCORES", False), ("HOPPER_PAIRS_FROM_V", False),
+                      ("SEGMENT_WINDOWS", False), ("HOPPER_SCAN_WINDOWS", False)):
+        with monkeypatch.context() as tables:
+            tables.setattr(launch, name, off)
+            other = _sm90_recipe(monkeypatch, 1, 32768, 32, 32, None)
+            assert other.concurrent and other.plan.warpgroups == 1 and not other.from_v, name
+    assert not _sm90_recipe(monkeypatch, 1, 32768, 8, 32, None, packed=2).from_v  # packed: never
 
 
 def _windowed_and_whole(monkeypatch: pytest.MonkeyPatch, inputs, segments: int, h0=None, cu=None):
@@ -1647,6 +1717,70 @@ def test_gpu_packed_sequences_take_the_windows(gpu_device: str, monkeypatch: pyt
     monkeypatch.setattr(launch, "HOPPER_LEAD_SEGMENT", {})
     without = launch_chunk_gated_delta_rule(*inputs, 128**-0.5, h0, True, cu, False, segments)
     _no_further_from_the_recurrence(first, without, inputs, 128**-0.5, h0, cu, factor=1.5)
+
+
+def _windowed_pairs_and_without(monkeypatch: pytest.MonkeyPatch, inputs, h0=None):
+    """(the op with launch.HOPPER_WINDOWED_PAIRS as the plan takes it, the same call without the form), each the
+    Python path's; checks the first ran the pairs cut into segments, their states windowed, scanned by the pairs."""
+    from polykernels import platform
+    from polykernels.gated_delta_rule import launch
+
+    def public():
+        return chunk_gated_delta_rule(*inputs, initial_state=h0, output_final_state=True)
+
+    monkeypatch.setattr(launch, "HOPPER_WINDOWED_PAIRS", {64: 32})
+    cut = public()
+    recipe = launch._recipe(inputs[0].shape, inputs[2].shape, inputs[0].dtype, None, inputs[0].shape[0],
+                            h0 is not None, True, False, None, inputs[0].device, platform.current(),
+                            *_tables_here(128))
+    assert recipe.plan.warpgroups == 2 and recipe.segment_chunks and recipe.from_v and recipe.after_windows
+    torch.testing.assert_close(_replayed_from_a_graph(public)[0], cut[0], rtol=0, atol=0, equal_nan=True)
+    monkeypatch.setattr(launch, "HOPPER_WINDOWED_PAIRS", {})
+    return cut, public()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("initial", [False, True])
+@pytest.mark.parametrize("gate", ["random", "slow", "mixed"])
+def test_gpu_windowed_pairs_match_the_recurrence(gpu_device: str, monkeypatch: pytest.MonkeyPatch, gate: str,
+                                                 initial: bool) -> None:
+    # launch.HOPPER_WINDOWED_PAIRS: 1 x 16384 tokens at 2 qk / 8 v heads (eight pair programs), cut into segments of
+    # at least 32 chunks; the segment states in FlashInfer's order from T and v, windowed; the pairs scanning back
+    # to the last window and forming P. random and slow gates: a window in every segment; mixed: a quarter of the
+    # heads never forget, their segment states whole and scanned. As near the fp64 recurrence as the plan without the
+    # form, a CUDA graph's replay the same bits.
+    _needs_register_state_passes(gpu_device)
+    inputs = make_inputs(1, 16384, 2, 8, 128, 128, torch.bfloat16, gate="slow" if gate == "slow" else "random",
+                         device=gpu_device)
+    if gate == "mixed":
+        inputs[3][:, :, :2] = 0.0
+    h0 = torch.randn(1, 8, 128, 128, device=gpu_device) if initial else None
+    cut, without = _windowed_pairs_and_without(monkeypatch, inputs, h0)
+    _no_further_from_the_recurrence(cut, without, inputs, 128**-0.5, h0, factor=1.5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["q", "k", "v", "g", "beta"])
+def test_gpu_nan_never_reaches_earlier_tokens_where_windowed_pairs_cut(gpu_device: str, monkeypatch: pytest.MonkeyPatch,
+                                                                      name: str) -> None:
+    # launch.HOPPER_WINDOWED_PAIRS at 1 x 8192 tokens, 1 qk / 4 v heads (four segments of 32 chunks): a non-finite
+    # input at token 3000 (the second segment's) never reaches an earlier token, and q only its own. k, g and beta
+    # reach every later token (the prepare pass marks the chunk's decay, which the windows read); v the rest of its
+    # segment at least: the prepare pass does not read v here, so a later window drops it with the past.
+    _needs_register_state_passes(gpu_device)
+    inputs = dict(zip(["q", "k", "v", "g", "beta"], make_inputs(1, 8192, 1, 4, 128, 128, torch.bfloat16,
+                                                                device=gpu_device), strict=True))
+    inputs[name][0, 3000, 0] = float("inf") if name == "v" else float("nan")
+    (o, state), _ = _windowed_pairs_and_without(monkeypatch, tuple(inputs.values()))
+    head = 0
+    finite = torch.isfinite(o[0, :, head]).all(-1).cpu()
+    assert finite[:3000].all() and not finite[3000]
+    if name == "q":
+        assert finite[3001:].all() and torch.isfinite(state).all()
+    elif name == "v":
+        assert not finite[3000:4096].any()
+    else:
+        assert not finite[3000:].any() and not torch.isfinite(state[0, head]).any()
 
 
 @pytest.mark.gpu
@@ -1967,7 +2101,10 @@ def test_kernels_compile_for_amd(target: str) -> None:
                                         "gdn_recurrence_hopper_rs_after_lead_packed",
                                         "gdn_prepare_hopper_growth", "gdn_segment_state_hopper_rs_window",
                                         "gdn_recurrence_hopper_rs_after_windows",
-                                        "gdn_recurrence_hopper_rs_after_windows_packed"}
+                                        "gdn_recurrence_hopper_rs_after_windows_packed",
+                                        "gdn_prepare_hopper_t_scores_growth",
+                                        "gdn_segment_state_hopper_rs_pair_from_v_window",
+                                        "gdn_recurrence_hopper_rs_pair_from_v_scores_after_windows"}
     assert set(names) == {"gdn_prepare", "gdn_recurrence", "gdn_segment_state", "gdn_recurrence_wide",
                           "gdn_segment_state_wide", "gdn_combine", "gdn_recurrence_fp32", "gdn_prepare_fp32",
                           "gdn_prepare_growth", "gdn_segment_state_window"}

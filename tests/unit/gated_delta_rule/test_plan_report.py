@@ -61,6 +61,16 @@ def test_report_gives_the_recipes_plan_and_launch_order(gluon_release: None) -> 
 
 def test_report_names_the_segment_windows(gluon_release: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(launch, "SEGMENT_WINDOWS", True)
+    # launch.HOPPER_WINDOWED_PAIRS: B1 T32768 32/32 in four segments of pairs, both sequential passes from T and v.
+    pairs = _h200(GdnShape(1, 32768, 32, 32))
+    assert (pairs["segments"], pairs["segment_chunks"], pairs["v_tile"]) == (4, 128, 128)
+    assert "32 sequential programs of two 64-column tiles" in pairs["plan"] and "below 2^-30" in pairs["plan"]
+    assert [line.split(":")[0] for line in pairs["launches"]] == ["prepare pass", "segment-state pass", "output pass"]
+    assert "v_new from T and v" in pairs["launches"][1] and "P from q and k" not in pairs["launches"][1]
+    assert "v_new from T and v and P from q and k" in pairs["launches"][2]
+    assert "back to the last window" in pairs["launches"][2] and "the output pass forms the scores" in pairs[
+        "launches"][0]
+    monkeypatch.setattr(launch, "HOPPER_WINDOWED_PAIRS", {})  # the one-tile windows
     row = _h200(GdnShape(1, 65536, 2, 8))  # eight segments of 128 chunks, no lead form
     assert (row["segments"], row["segment_chunks"]) == (8, 128) and "below 2^-30" in row["plan"]
     # No initial state: the output programs scan the segment states back to the last window (no combine pass).
