@@ -1760,6 +1760,17 @@ def test_gpu_windowed_pairs_match_the_recurrence(gpu_device: str, monkeypatch: p
 
 
 @pytest.mark.gpu
+def test_gpu_windowed_pairs_of_several_batch_rows(gpu_device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two batch rows of 8192 tokens at 2 qk / 8 v heads (sixteen pair programs, four segments each): each row's
+    # segments, windows and initial state its own.
+    _needs_register_state_passes(gpu_device)
+    inputs = make_inputs(2, 8192, 2, 8, 128, 128, torch.bfloat16, device=gpu_device)
+    h0 = torch.randn(2, 8, 128, 128, device=gpu_device)
+    cut, without = _windowed_pairs_and_without(monkeypatch, inputs, h0)
+    _no_further_from_the_recurrence(cut, without, inputs, 128**-0.5, h0, factor=1.5)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", ["q", "k", "v", "g", "beta"])
 def test_gpu_nan_never_reaches_earlier_tokens_where_windowed_pairs_cut(gpu_device: str, monkeypatch: pytest.MonkeyPatch,
                                                                       name: str) -> None:
