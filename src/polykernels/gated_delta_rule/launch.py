@@ -123,7 +123,7 @@ def plan_segments(
     block_v = wide if wide_anyway or fewer_waves else narrow
     programs = num_seqs * value_heads * -(-value_dim // block_v)
     pair_least = (windowed_pairs or {}).get(wide)
-    if pair_least and num_segments is None and not packed and value_dim > wide:
+    if pair_least and wide in register_pairs and num_segments is None and not packed and value_dim > wide:
         pair_programs = num_seqs * value_heads * -(-value_dim // (2 * wide))
         segments = min(sm_count // pair_programs, chunks // pair_least)
         if segments >= WINDOWED_PAIRS_MIN_SEGMENTS:
@@ -855,7 +855,7 @@ def _recipe(
                    if tile in dict(hopper_register_stages) and tile in dict(hopper_register_segment_stages)}
                   if on_hopper else None)
 
-    def plan_for(lead_tiles: Mapping[int, int] | None) -> SegmentPlan:
+    def plan_for(lead_tiles: Mapping[int, int] | None, windowed: Mapping[int, int] | None = None) -> SegmentPlan:
         return plan_segments(num_seqs, total, value_heads, sm_count, num_segments, key_dim=key_dim,
                              value_dim=value_dim, register_tiles=dict(hopper_register_stages) if on_hopper else (),
                              register_pairs=dict(hopper_register_pairs) if on_hopper else (),
@@ -865,7 +865,7 @@ def _recipe(
                              lead_rates=(dict(lead_beside_prepare).get(key_dim) if overlap and lead_tiles
                                          and not varlen else None),
                              packed=varlen, block_vs=block_vs,
-                             windowed_pairs=dict(windowed_pairs) if pair_windows else None)
+                             windowed_pairs=windowed)
 
     # SEGMENT_WINDOWS: the Gluon passes (K = V = 128) cut without the lead form, their segment states in the
     # register-state pass (whose segment-state programs take the windows) whatever the segments' length, where
@@ -878,9 +878,8 @@ def _recipe(
     # windowed in the same form and scanned by the output programs.
     pair_windows = (gluon_windows and scan_windows and pairs_from_v and pairs_scores and not varlen
                     and bool(windowed_pairs))
-    plan = plan_for(None) if gluon_windows else plan_for(lead_tiles)
-    cut_pairs = (pair_windows and plan.segments > 1 and plan.warpgroups == 2
-                 and plan.block_v in dict(hopper_register_pairs))
+    plan = plan_for(None, dict(windowed_pairs) if pair_windows else None) if gluon_windows else plan_for(lead_tiles)
+    cut_pairs = pair_windows and plan.segments > 1 and plan.warpgroups == 2
     if gluon_windows and not cut_pairs and not (plan.segments > 1 and not plan.concurrent and plan.warpgroups == 1
                                                 and plan.block_v in dict(hopper_register_stages)
                                                 and plan.block_v in dict(hopper_register_segment_stages)):
@@ -965,8 +964,7 @@ def _recipe(
             # lead: the first segments' output pass's programmatic dependent, beside it (beside_prepare: the
             # prepare pass's, each chunk's copies after its flag).
             segment_tail = ({"STAGES": segment_stages, "num_warps": 4 * plan.warpgroups, "AWAIT": beside_prepare,
-                             "FROM_V": from_v,
-                             "LEAD": False, "AFTER_LEAD": lead, "FIRST_TAKES_REST": beside_prepare,
+                             "FROM_V": from_v, "LEAD": False, "AFTER_LEAD": lead, "FIRST_TAKES_REST": beside_prepare,
                              **({"SEGMENT_WINDOW": True} if gluon_windows else {}),
                              **({"launch_pdl": True} if lead else {})}
                             if segment_stages

@@ -1459,6 +1459,7 @@ def test_segment_plan_cuts_batch_rows_into_windowed_pairs_of_one_wave() -> None:
     assert plan_segments(2, 32768, 8, 132, packed=True, **pairs).warpgroups == 1  # lengths not known
     assert plan_segments(1, 32768, 32, 132, value_dim=64, **pairs).warpgroups == 1  # one tile only
     assert plan_segments(1, 32768, 32, 132, register_tiles=(64,), register_pairs=(64,)).warpgroups == 1  # no table
+    assert plan_segments(1, 32768, 32, 132, register_tiles=(64,), windowed_pairs={64: 32}).warpgroups == 1  # no pairs
 
 
 def test_windowed_pairs_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1493,7 +1494,7 @@ def test_windowed_pairs_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _sm90_recipe(monkeypatch, 1, 32768, 32, 32, None, has_initial=True).recurrence_meta["HAS_INITIAL"]
     # Each table it rests on turns it off: the one-tile programs beside the prepare pass instead.
     for name, off in (("HOPPER_WINDOWED_PAIRS", {}), ("HOPPER_PAIRS_SCORES", False), ("HOPPER_PAIRS_FROM_V", False),
-                      ("SEGMENT_WINDOWS", False), ("HOPPER_SCAN_WINDOWS", False)):
+                      ("SEGMENT_WINDOWS", False), ("HOPPER_SCAN_WINDOWS", False), ("HOPPER_REGISTER_PAIRS", {})):
         with monkeypatch.context() as tables:
             tables.setattr(launch, name, off)
             other = _sm90_recipe(monkeypatch, 1, 32768, 32, 32, None)
