@@ -68,8 +68,9 @@ def run_large_index_check(tokens: int = 2**31 // (32 * 128) + 4096, device: str 
     beta = torch.rand(1, tokens, heads, device=device, generator=gen).sigmoid().bfloat16()
     # Five paths over the same tokens: whole (one program per V tile and head walks every chunk),
     # forced context parallelism (segment states, combine, recurrence per segment), whole at the
-    # wide V tile, the plan's own choice (no num_segments: the passes side by side on sm_90), and the
-    # plan's choice for 100 SMs (the pairs beside the prepare pass on sm_90). Each is held to the chained
+    # wide V tile, the plan's own choice (no num_segments: on an sm_90 of 132 SMs four segments of the pairs,
+    # launch.HOPPER_WINDOWED_PAIRS), and the plan's choice for 100 SMs (three segments would be too few: the
+    # pairs beside the prepare pass on sm_90). Each is held to the chained
     # pieces run as the plan runs them on the same GPU: the last path's pieces are planned for 100 SMs too
     # (its prepare pass rounds (I + A)^-1 diag(beta) where the others' rounds w and u).
     same, hundred_sms = contextlib.nullcontext, functools.partial(_planned_for_sms, 100)

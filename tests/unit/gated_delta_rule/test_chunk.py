@@ -2063,8 +2063,8 @@ def test_gpu_eager_calls_with_one_cu_seqlens_synchronize_once(gpu_device: str) -
 @pytest.mark.slow
 def test_gpu_offsets_past_2_pow_31_elements(gpu_device: str) -> None:
     # HV = 32, K = V = 128: q, k, v and o pass 2^31 elements beyond 524,288 tokens, on the whole,
-    # segmented (context-parallel), wide-tile and planned paths (on sm_90 the planned one runs the two
-    # passes side by side), and as planned for 100 SMs (on sm_90 the pairs beside the prepare pass). The
+    # segmented (context-parallel), wide-tile and planned paths (on an sm_90 of 132 SMs the planned one cuts
+    # the sequence into windowed pairs), and as planned for 100 SMs (on sm_90 the pairs beside the prepare pass). The
     # oracle needs no dense reference: the same sequence in pieces chained through final_state ->
     # initial_state must give the same output and state. It runs in a process of its own: a fault there
     # (an offset that wraps) would leave this worker's CUDA context unusable for every test after it.
