@@ -146,7 +146,7 @@ def _window(DECAY_ptr, start, end, i_hv, HV: tl.constexpr, BT: tl.constexpr):
     starts. Without one (gates too slow, beta ||k||^2 out of [0, 2], a non-finite chunk in them) the segment
     runs whole. ``poisoned``: a chunk before the window is non-finite (its decay NaN); the dropped transition
     is then stored as NaN, which carries it on to every later token as the whole segment's would have.
-    (hopper_register_kernels._window is the same in Gluon, but for where ``poisoned`` looks: the whole sequence
+    (hopper_scan_kernels._window is the same in Gluon, but for where ``poisoned`` looks: the whole sequence
     before the window, for an output pass that scans from the last window.)"""
     chunks = ((end - start + BT - 1) // BT).to(tl.int32)
     back = tl.arange(0, WINDOW_CHUNKS)  # chunks from the segment's end

@@ -539,7 +539,7 @@ HOPPER_WARP_BLOCK_INVERSE = True
 SEGMENT_WINDOWS = True
 # Where the Gluon passes take the windows: no combine pass; each output program finds the last segment before its
 # own whose window dropped its past and scans the segment states from there, from the initial state where none
-# did (hopper_register_kernels._state_after_windows; under the bench's gates, one copy of a segment state). On an
+# did (hopper_scan_kernels._state_after_windows; under the bench's gates, one copy of a segment state). On an
 # H100 against the combine pass: 1x32768 2/8 -6.1%, 1x65536 2/8 -2.4%, 1x32768 4/16 -1.9% (the same bits);
 # slow gates -2.2 to -6.2%; mixed -1.6% to +0.5%; from an initial state -7.3% (BENCHMARKS.md, "the output pass
 # scans the windows").
