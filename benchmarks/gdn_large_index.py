@@ -72,7 +72,7 @@ def run_large_index_check(tokens: int = 2**31 // (32 * 128) + 4096, device: str 
     # launch.HOPPER_WINDOWED_PAIRS), and the plan's choice for 100 SMs (three segments would be too few: the
     # pairs beside the prepare pass on sm_90). Each is held to the chained
     # pieces run as the plan runs them on the same GPU: the last path's pieces are planned for 100 SMs too
-    # (its prepare pass rounds (I + A)^-1 diag(beta) where the others' rounds w and u).
+    # (the pairs' prepare pass rounds (I + A)^-1 diag(beta) where the one-tile paths' rounds w and u).
     same, hundred_sms = contextlib.nullcontext, functools.partial(_planned_for_sms, 100)
     paths = (("whole", 1, same, same), ("segmented", segments, same, same), ("whole_wide", 1, _wide_tiles, same),
              ("planned", None, same, same), ("planned_100_sms", None, hundred_sms, hundred_sms))
