@@ -106,10 +106,11 @@ def plan_segments(
     ``lead_rates``: where the lead form can also start beside the prepare pass (HOPPER_LEAD_BESIDE_PREPARE):
     taken where those rates estimate it at least LEAD_BESIDE_GAIN shorter (``_lead_beside_prepare``), with
     the first segment the longer one. ``block_vs``: the (wide, narrow) V tiles of the device's arch
-    (``triton_pass_launches``; default: RECURRENCE_BLOCK_V's). ``windowed_pairs``: the V tiles at which batch
-    rows can be cut into segments of pairs whose states take the gates' windows, each with its least chunks per
-    segment (HOPPER_WINDOWED_PAIRS): taken, where no count is forced, where one wave of pairs makes at least
-    WINDOWED_PAIRS_MIN_SEGMENTS segments of those chunks per sequence.
+    (``triton_pass_launches``; default: RECURRENCE_BLOCK_V's). ``windowed_pairs``: the V tiles at which
+    sequences can be cut into segments of pairs whose states take the gates' windows, each with its least chunks
+    per segment (HOPPER_WINDOWED_PAIRS, HOPPER_WINDOWED_PACKED_PAIRS): taken, where no count is forced, where one
+    wave of pairs makes at least WINDOWED_PAIRS_MIN_SEGMENTS segments of those chunks per sequence (packed ones:
+    of the average length, in the shortest segments whose slots make one wave whatever the lengths).
     """
     chunks = max(1, -(-total_tokens // num_seqs // CHUNK))
     wide, narrow = block_vs or RECURRENCE_BLOCK_V[_block(key_dim)]
@@ -123,16 +124,22 @@ def plan_segments(
     block_v = wide if wide_anyway or fewer_waves else narrow
     programs = num_seqs * value_heads * -(-value_dim // block_v)
     pair_least = (windowed_pairs or {}).get(wide)
-    if pair_least and wide in register_pairs and num_segments is None and not packed and value_dim > wide:
-        pair_programs = num_seqs * value_heads * -(-value_dim // (2 * wide))
-        segments = min(sm_count // pair_programs, chunks // pair_least)
-        if segments >= WINDOWED_PAIRS_MIN_SEGMENTS:
-            segment_chunks = -(-chunks // segments)
-            count = -(-chunks // segment_chunks)
-            return SegmentPlan(segments=count, segment_chunks=segment_chunks, block_v=wide, warpgroups=2,
-                               reason=(f"{pair_programs} sequential programs of two {wide}-column tiles "
-                                       f"(N x HV x V/{2 * wide}) for {sm_count} SMs: {count} segments of "
-                                       f"{segment_chunks} chunks per sequence"))
+    if pair_least and wide in register_pairs and num_segments is None and value_dim > wide:
+        per_segment = value_heads * -(-value_dim // (2 * wide))  # pair programs
+        if packed:
+            windowed = _packed_windowed_pairs(num_seqs, total_tokens, per_segment, sm_count, pair_least)
+        else:
+            segments = min(sm_count // (num_seqs * per_segment), chunks // pair_least)
+            windowed = -(-chunks // segments) if segments else None
+        count = chunks // windowed if windowed else 0  # whole segments of an average sequence
+        if count >= WINDOWED_PAIRS_MIN_SEGMENTS:
+            count = -(-chunks // windowed)
+            how = (f"{per_segment} sequential programs of two {wide}-column tiles (HV x V/{2 * wide}) per segment "
+                   f"for {sm_count} SMs: packed sequences in segments of {windowed} chunks, their slots one wave "
+                   "whatever the lengths" if packed else
+                   f"{num_seqs * per_segment} sequential programs of two {wide}-column tiles (N x HV x V/{2 * wide}) "
+                   f"for {sm_count} SMs: {count} segments of {windowed} chunks per sequence")
+            return SegmentPlan(segments=count, segment_chunks=windowed, block_v=wide, warpgroups=2, reason=how)
     least = (lead_tiles or {}).get(block_v)  # the lead form's least chunks per segment at this tile
     one_more = False  # the lead form takes the first segment out of the second wave: one segment more
     packed_chunks = 0  # packed sequences in the lead form: chunks per segment (_packed_lead_chunks)
@@ -203,6 +210,17 @@ def plan_segments(
             f"others' segment-state pass ({count - 1} of {rest} chunks; {estimate})")
     return SegmentPlan(segments=count, segment_chunks=rest, block_v=block_v, reason=why, warpgroups=warpgroups,
                        lead=True, beside_prepare=True, first_chunks=first)
+
+
+def _packed_windowed_pairs(num_seqs: int, total_tokens: int, per_segment: int, sm_count: int,
+                           least_chunks: int) -> int | None:
+    """Chunks per segment of packed sequences cut into windowed pairs: the fewest, at least ``least_chunks``,
+    whose segment slots (at most total chunks // them + N, kernels._sequence_of) give one wave of
+    ``per_segment`` programs each whatever the lengths; None where even one slot per sequence does not."""
+    room = sm_count // per_segment - num_seqs  # slots beyond each sequence's first
+    if room < 1:
+        return None
+    return max(least_chunks, -(-total_tokens // (CHUNK * room)))  # ceil(tokens / (CHUNK L)) <= room
 
 
 def _packed_lead_chunks(num_seqs: int, total_tokens: int, programs: int, sm_count: int, least: int) -> int | None:
@@ -482,6 +500,11 @@ HOPPER_WINDOWED_PAIRS: Mapping[int, int] = types.MappingProxyType({64: 32})
 # 12.1% slower than the pairs beside the prepare pass (H100); four and more were faster everywhere measured, three
 # was not measured.
 WINDOWED_PAIRS_MIN_SEGMENTS = 4
+# Packed sequences (cu_seqlens) in the same form, per V tile the least chunks per segment. The plan cannot see
+# the lengths, so the segments are the shortest whose slots make one wave of pairs whatever the lengths
+# (_packed_windowed_pairs), taken where a sequence of the average length makes WINDOWED_PAIRS_MIN_SEGMENTS. An
+# empty table turns it off.
+HOPPER_WINDOWED_PACKED_PAIRS: Mapping[int, int] = types.MappingProxyType({64: 8})
 # Packed sequences (cu_seqlens) beside the prepare pass too, by the batch rows' rules with their average length
 # (plan_segments' chunks). Off: the plan cannot see how long the longest is, and that chain then bounds the op
 # at the pairs' pace beside (about 2.9 us a chunk, where the one-tile pass after the prepare pass takes 1.55).
@@ -726,7 +749,8 @@ def launch_tables(block_k: int, arch: str | None) -> tuple:
             tuple(HOPPER_LEAD_SEGMENT.items()), tuple(HOPPER_LEAD_BESIDE_PREPARE.items()), HOPPER_WARP_BLOCK_INVERSE,
             HOPPER_CONCURRENT_WARP_BLOCKS_GBPS, gluon_allowed(), SEGMENT_WINDOWS,
             HOPPER_PACKED_WINDOWS, HOPPER_SCAN_WINDOWS, tuple(HOPPER_CONCURRENT_PAIRS.items()), HOPPER_PAIRS_SCORES,
-            HOPPER_CONCURRENT_PACKED, tuple(HOPPER_WINDOWED_PAIRS.items()))
+            HOPPER_CONCURRENT_PACKED, tuple(HOPPER_WINDOWED_PAIRS.items()),
+            tuple(HOPPER_WINDOWED_PACKED_PAIRS.items()))
 
 
 def concurrent_warp_blocks(heads: int, value_heads: int, dram_gbps: float | None,
@@ -828,7 +852,7 @@ def _recipe(
     concurrent_warp_blocks_gbps: float = math.inf, gluon: bool = True, segment_windows: bool = False,
     packed_windows: bool = False, scan_windows: bool = False,
     concurrent_pairs: tuple[tuple[int, int], ...] = (), pairs_scores: bool = False, concurrent_packed: bool = False,
-    windowed_pairs: tuple[tuple[int, int], ...] = (),
+    windowed_pairs: tuple[tuple[int, int], ...] = (), windowed_packed_pairs: tuple[tuple[int, int], ...] = (),
     *,
     sms: int | None = None,
     dram_gbps: float | None = None,
@@ -874,11 +898,12 @@ def _recipe(
     # windows wherever the plan cuts.
     gluon_windows = (segment_windows and gluon_prepare and key_dim == value_dim == 128
                      and (not varlen or (packed_windows and scan_windows)))
-    # HOPPER_WINDOWED_PAIRS: batch rows cut into pairs in FlashInfer's order, P formed in them, their segment states
-    # windowed in the same form and scanned by the output programs.
-    pair_windows = (gluon_windows and scan_windows and pairs_from_v and pairs_scores and not varlen
-                    and bool(windowed_pairs))
-    plan = plan_for(None, dict(windowed_pairs) if pair_windows else None) if gluon_windows else plan_for(lead_tiles)
+    # HOPPER_WINDOWED_PAIRS (batch rows) and HOPPER_WINDOWED_PACKED_PAIRS (packed sequences): cut into pairs in
+    # FlashInfer's order, P formed in them, their segment states windowed in the same form and scanned by the output
+    # programs.
+    pair_least = windowed_packed_pairs if varlen else windowed_pairs
+    pair_windows = gluon_windows and scan_windows and pairs_from_v and pairs_scores and bool(pair_least)
+    plan = plan_for(None, dict(pair_least) if pair_windows else None) if gluon_windows else plan_for(lead_tiles)
     cut_pairs = pair_windows and plan.segments > 1 and plan.warpgroups == 2
     if gluon_windows and not cut_pairs and not (plan.segments > 1 and not plan.concurrent and plan.warpgroups == 1
                                                 and plan.block_v in dict(hopper_register_stages)
@@ -995,7 +1020,7 @@ def _recipe(
               hopper_register_pairs, hopper_concurrent, combine_launch, hopper_register_cut,
               hopper_register_segment_stages, pairs_from_v, lead_segment, lead_beside_prepare,
               warp_block_inverse, concurrent_warp_blocks_gbps, gluon, segment_windows, packed_windows, scan_windows,
-              concurrent_pairs, pairs_scores, concurrent_packed, windowed_pairs,
+              concurrent_pairs, pairs_scores, concurrent_packed, windowed_pairs, windowed_packed_pairs,
               # What the plan read beyond the arguments (the device's SM count and DRAM, the environment): the
               # launchers keep each compiled kernel by this spec, so recipes that differ there only must not share.
               sm_count, overlap, per_warp_beside),

@@ -332,33 +332,41 @@ register(KernelSpec(
     allowed=_on_hopper, platform_constexprs=_precision,
     options={"num_warps": 8},
 ))
-# launch.HOPPER_WINDOWED_PAIRS (sm_90, batch rows cut into pairs): the prepare pass storing T, the score exponents
-# and each chunk's growth bound; the windowed segment states in FlashInfer's order (no outputs); the pairs after
-# them, each scanning back to the last window and forming P.
-register(KernelSpec(
-    name="gdn_prepare_hopper_t_scores_growth", module="polykernels.gated_delta_rule.hopper_prepare_kernels",
-    function="gdn_prepare_hopper_kernel",
-    signature={**{name: ("*fp32" if name in ("U_ptr", "P_ptr") else kind) for name, kind in _PREPARE_SIGNATURE.items()
-                  if kind != "constexpr"},
-               "FLAGS": "*i32", "SEQUENTIAL_PROGRAMS": "i32",
-               **{name: kind for name, kind in _PREPARE_SIGNATURE.items() if kind == "constexpr"},
-               **_constexpr("CONCURRENT", "STORE_T", "WARP_BLOCKS", "GROWTH", "SCORE_FACTORS")},
-    constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV, "VARLEN": False,
-                "CONCURRENT": False, "STORE_T": True, "WARP_BLOCKS": HOPPER_WARP_BLOCK_INVERSE, "GROWTH": True,
-                "SCORE_FACTORS": True},
-    allowed=_on_hopper, platform_constexprs=functools.partial(_prepare_precision, False),
-    options={"num_warps": 4, **({"maxnreg": _PREPARE_CAP} if _PREPARE_CAP else {})},
-))
-for _name, _segment_state in (("gdn_segment_state_hopper_rs_pair_from_v_window", True),
-                              ("gdn_recurrence_hopper_rs_pair_from_v_scores_after_windows", False)):
+# launch.HOPPER_WINDOWED_PAIRS (sm_90, batch rows cut into pairs) and HOPPER_WINDOWED_PACKED_PAIRS (packed
+# sequences, from an initial state): the prepare pass storing T, the score exponents and each chunk's growth bound;
+# the windowed segment states in FlashInfer's order (no outputs); the pairs after them, each scanning back to the
+# last window and forming P.
+for _name, _packed in (("gdn_prepare_hopper_t_scores_growth", False),
+                       ("gdn_prepare_hopper_t_scores_growth_packed", True)):
+    register(KernelSpec(
+        name=_name, module="polykernels.gated_delta_rule.hopper_prepare_kernels",
+        function="gdn_prepare_hopper_kernel",
+        signature={**{name: ("*fp32" if name in ("U_ptr", "P_ptr") else kind)
+                      for name, kind in _PREPARE_SIGNATURE.items() if kind != "constexpr"},
+                   "FLAGS": "*i32", "SEQUENTIAL_PROGRAMS": "i32",
+                   **{name: kind for name, kind in _PREPARE_SIGNATURE.items() if kind == "constexpr"},
+                   **_constexpr("CONCURRENT", "STORE_T", "WARP_BLOCKS", "GROWTH", "SCORE_FACTORS")},
+        constexprs={**_SHAPE, **_SEGMENTS, "V": 128, "BV": _PREPARE_BV, "NV": 128 // _PREPARE_BV, "VARLEN": _packed,
+                    "CONCURRENT": False, "STORE_T": True, "WARP_BLOCKS": HOPPER_WARP_BLOCK_INVERSE, "GROWTH": True,
+                    "SCORE_FACTORS": True},
+        allowed=_on_hopper, platform_constexprs=functools.partial(_prepare_precision, False),
+        options={"num_warps": 4, **({"maxnreg": _PREPARE_CAP} if _PREPARE_CAP else {})},
+    ))
+for _name, _segment_state, _packed in (
+    ("gdn_segment_state_hopper_rs_pair_from_v_window", True, False),
+    ("gdn_recurrence_hopper_rs_pair_from_v_scores_after_windows", False, False),
+    ("gdn_segment_state_hopper_rs_pair_from_v_window_packed", True, True),
+    ("gdn_recurrence_hopper_rs_pair_from_v_scores_after_windows_packed", False, True),
+):
     register(KernelSpec(
         name=_name, module="polykernels.gated_delta_rule.hopper_register_kernels",
         function="gdn_recurrence_hopper_rs_kernel",
         signature={**{name: ("*fp32" if name == "P_ptr" else kind) for name, kind in _RS_SIGNATURE.items()},
                    **_constexpr("FROM_V", "LEAD", "AFTER_LEAD", "FIRST_TAKES_REST", "SEGMENT_WINDOW",
                                 "AFTER_WINDOWS", "SCORES")},
-        constexprs={**_SHAPE, "V": 128, "BV": 2 * _WIDE_BV, "NV": 128 // (2 * _WIDE_BV), "VARLEN": False,
-                    "LOG_N": 1, "HAS_INITIAL": False, "SEGMENT_STATE": _segment_state,
+        constexprs={**_SHAPE, "V": 128, "BV": 2 * _WIDE_BV, "NV": 128 // (2 * _WIDE_BV), "VARLEN": _packed,
+                    "LOG_N": 4 if _packed else 1, "HAS_INITIAL": _packed and not _segment_state,
+                    "SEGMENT_STATE": _segment_state,
                     "STORE_FINAL": not _segment_state, "STAGES": HOPPER_REGISTER_PAIRS[_WIDE_BV], "AWAIT": False,
                     "FROM_V": True, "LEAD": False, "AFTER_LEAD": False, "FIRST_TAKES_REST": False,
                     "SEGMENT_WINDOW": _segment_state, "AFTER_WINDOWS": not _segment_state,

@@ -1398,7 +1398,8 @@ def test_segment_windows_cut_without_the_lead_form(monkeypatch: pytest.MonkeyPat
     # the segment-state programs finding their windows. Off, the lead form.
     from polykernels.gated_delta_rule import launch
 
-    monkeypatch.setattr(launch, "HOPPER_WINDOWED_PAIRS", {})  # one tile per program (the pairs': the test after)
+    monkeypatch.setattr(launch, "HOPPER_WINDOWED_PAIRS", {})  # one tile per program (the pairs': the tests after)
+    monkeypatch.setattr(launch, "HOPPER_WINDOWED_PACKED_PAIRS", {})
     thin = _sm90_recipe(monkeypatch, 1, 32768, 2, 8, None)
     assert (thin.segment_windows, thin.lead, thin.segments_per_seq, thin.segment_chunks) == (True, False, 8, 64)
     assert thin.segment_state_meta["SEGMENT_WINDOW"] and thin.prepare_meta["GROWTH"]
@@ -1456,10 +1457,36 @@ def test_segment_plan_cuts_batch_rows_into_windowed_pairs_of_one_wave() -> None:
     assert plan_segments(1, 4096, 8, 132, **pairs).warpgroups == 1  # 64 chunks: two of 32, too few
     assert plan_segments(8, 8 * 4096, 32, 132, **pairs).segments == 1  # 256 pairs fill the GPU: not cut
     assert plan_segments(1, 32768, 32, 132, num_segments=2, **pairs).warpgroups == 1  # a forced count
-    assert plan_segments(2, 32768, 8, 132, packed=True, **pairs).warpgroups == 1  # lengths not known
     assert plan_segments(1, 32768, 32, 132, value_dim=64, **pairs).warpgroups == 1  # one tile only
     assert plan_segments(1, 32768, 32, 132, register_tiles=(64,), register_pairs=(64,)).warpgroups == 1  # no table
     assert plan_segments(1, 32768, 32, 132, register_tiles=(64,), windowed_pairs={64: 32}).warpgroups == 1  # no pairs
+
+
+def test_segment_plan_cuts_packed_sequences_into_windowed_pairs_of_one_wave_whatever_the_lengths() -> None:
+    # launch.HOPPER_WINDOWED_PACKED_PAIRS: the lengths are not known, so the segments are the shortest (of at least
+    # the table's chunks) whose slots, at most ceil(tokens / segment tokens) + N (kernels._sequence_of), make one
+    # wave of pairs; taken where a sequence of the average length makes WINDOWED_PAIRS_MIN_SEGMENTS of them.
+    from polykernels.gated_delta_rule.launch import _packed_windowed_pairs, plan_segments
+
+    pairs = {"register_tiles": (64,), "register_pairs": (64,), "windowed_pairs": {64: 8}, "packed": True}
+    varlen = plan_segments(2, 8192, 8, 132, **pairs)  # 6144 + 2048 tokens: 16 slots of 8 pairs, 14 after the firsts
+    assert (varlen.segments, varlen.segment_chunks, varlen.block_v, varlen.warpgroups) == (7, 10, 64, 2)
+    assert "packed sequences in segments of 10 chunks, their slots one wave whatever the lengths" in varlen.reason
+    assert plan_segments(2, 8192, 8, 132, **{**pairs, "windowed_pairs": {64: 16}}).segment_chunks == 16  # the least
+    assert plan_segments(2, 8192, 8, 132, **{**pairs, "windowed_pairs": {64: 32}}).warpgroups == 1  # two: too few
+    assert plan_segments(8, 8192, 8, 132, **pairs).warpgroups == 1  # 8 x 1024: 16 chunks each, one segment
+    assert plan_segments(2, 8192, 8, 132, num_segments=4, **pairs).warpgroups == 1  # a forced count
+    assert plan_segments(2, 8192, 8, 132, **{**pairs, "windowed_pairs": {}}).warpgroups == 1  # no table
+    assert _packed_windowed_pairs(16, 8192, 8, 132, 8) is None  # a slot per sequence is already the wave
+    for sequences, tokens, per_segment, sms in itertools.product((1, 2, 5, 15), (1, 64, 65, 8192, 100_003),
+                                                                 (1, 8, 16, 33), (100, 132)):
+        chunks = _packed_windowed_pairs(sequences, tokens, per_segment, sms, 8)
+        if chunks is None:
+            assert (sequences + 1) * per_segment > sms
+        else:  # every slot the recipe allocates (launch._recipe's max_segments) in one wave
+            assert chunks >= 8 and (-(-tokens // (64 * chunks)) + sequences) * per_segment <= sms
+            shorter = chunks - 1
+            assert shorter < 8 or (-(-tokens // (64 * shorter)) + sequences) * per_segment > sms  # the shortest
 
 
 def test_windowed_pairs_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1499,7 +1526,20 @@ def test_windowed_pairs_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
             tables.setattr(launch, name, off)
             other = _sm90_recipe(monkeypatch, 1, 32768, 32, 32, None)
             assert other.concurrent and other.plan.warpgroups == 1 and not other.from_v, name
-    assert not _sm90_recipe(monkeypatch, 1, 32768, 8, 32, None, packed=2).from_v  # packed: never
+    # Packed sequences (launch.HOPPER_WINDOWED_PACKED_PAIRS): 6144 + 2048 tokens at 2/8 heads in segments of 10
+    # chunks, slots for ceil(8192 / 640) + 2 of them; off, the one-tile windows.
+    packed = _sm90_recipe(monkeypatch, 1, 8192, 2, 8, None, packed=2, has_initial=True)
+    assert (packed.segment_chunks, packed.max_segments, packed.plan.warpgroups) == (10, 15, 2)
+    assert packed.from_v and packed.after_windows and packed.segment_registers and not packed.lead
+    assert packed.segment_state_grid == (2, 15, 8) and packed.recurrence_grid == (1, 15, 8)
+    assert packed.prepare_meta["STORE_T"] and packed.prepare_meta["SCORE_FACTORS"] and packed.prepare_meta["VARLEN"]
+    assert packed.segment_state_meta["SEGMENT_WINDOW"] and packed.segment_state_meta["VARLEN"]
+    assert packed.recurrence_meta["AFTER_WINDOWS"] and packed.recurrence_meta["SCORES"]
+    assert packed.recurrence_meta["HAS_INITIAL"] and packed.recurrence_meta["STORE_FINAL"]
+    assert packed.workspace.parts[launch._Scratch._fields.index("h_local")].shape == (15, 8, 128, 128)
+    monkeypatch.setattr(launch, "HOPPER_WINDOWED_PACKED_PAIRS", {})
+    one_tile = _sm90_recipe(monkeypatch, 1, 8192, 2, 8, None, packed=2)
+    assert one_tile.plan.warpgroups == 1 and not one_tile.from_v and one_tile.segment_windows
 
 
 def _windowed_and_whole(monkeypatch: pytest.MonkeyPatch, inputs, segments: int, h0=None, cu=None):
@@ -1796,6 +1836,87 @@ def test_gpu_nan_never_reaches_earlier_tokens_where_windowed_pairs_cut(gpu_devic
         assert not finite[3000:4096].any()
     else:
         assert not finite[3000:].any() and not torch.isfinite(state[0, head]).any()
+
+
+def _windowed_packed_pairs_and_without(monkeypatch: pytest.MonkeyPatch, inputs, lengths: list[int], h0=None):
+    """(the op with launch.HOPPER_WINDOWED_PACKED_PAIRS on packed sequences of ``lengths``, the same call without
+    the form), each the Python path's; checks the first ran the pairs cut into segments, their states windowed and
+    scanned by the pairs, and that the replayed launch program and a CUDA graph give its bits."""
+    from polykernels import platform
+    from polykernels.gated_delta_rule import launch
+
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=inputs[0].device)
+
+    def public():
+        return chunk_gated_delta_rule(*inputs, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+
+    monkeypatch.setattr(launch, "HOPPER_WINDOWED_PACKED_PAIRS", {64: 8})
+    recipe = launch._recipe(inputs[0].shape, inputs[2].shape, inputs[0].dtype, torch.int32, len(lengths),
+                            h0 is not None, True, False, None, inputs[0].device, platform.current(),
+                            *_tables_here(128))
+    if recipe.plan.warpgroups != 2:
+        pytest.skip(f"this GPU's {platform.sm_count(inputs[0].device)} SMs do not give these sequences the least "
+                    "segments of pairs in one wave")
+    assert recipe.segment_chunks and recipe.from_v and recipe.after_windows and not recipe.lead
+    cut, replayed = public(), public()
+    for got in (replayed, _replayed_from_a_graph(public)):
+        torch.testing.assert_close(got[0], cut[0], rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(got[1], cut[1], rtol=0, atol=0, equal_nan=True)
+    monkeypatch.setattr(launch, "HOPPER_WINDOWED_PACKED_PAIRS", {})
+    return cut, public(), cu
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("lengths", "heads", "gate", "initial"), [
+    ([6144, 2048], (2, 8), "random", False), ([6144, 2048], (2, 8), "slow", True),
+    ([6144, 2048], (2, 8), "mixed", True), ([6000, 0, 1, 700, 9000, 37], (1, 4), "random", True)],
+    ids=["6144+2048", "6144+2048-slow-initial", "6144+2048-mixed-initial", "six-lengths-initial"])
+def test_gpu_windowed_pairs_of_packed_sequences_match_the_recurrence(gpu_device: str, monkeypatch: pytest.MonkeyPatch,
+                                                                    lengths: list[int], heads: tuple[int, int],
+                                                                    gate: str, initial: bool) -> None:
+    # launch.HOPPER_WINDOWED_PACKED_PAIRS: packed sequences cut into segments of pairs, their slots one wave
+    # whatever the lengths (6144 + 2048 tokens at 2/8 heads: segments of 10 chunks). Sequences of one segment
+    # (0, 1 and 37 tokens: the output program starts from the initial state and stores the final one), of two and
+    # of many; slow gates (segments shorter than a window: every output program scans each transition before it);
+    # mixed (a quarter of the heads never forget: their segment states whole). As near the fp64 recurrence as the
+    # one-tile windows, the replayed program and a CUDA graph the same bits, an empty sequence's final state its
+    # initial state.
+    _needs_register_state_passes(gpu_device)
+    qk_heads, value_heads = heads
+    inputs = make_inputs(1, sum(lengths), qk_heads, value_heads, 128, 128, torch.bfloat16,
+                         gate="slow" if gate == "slow" else "random", device=gpu_device)
+    if gate == "mixed":
+        inputs[3][:, :, : value_heads // 4] = 0.0
+    h0 = torch.randn(len(lengths), value_heads, 128, 128, device=gpu_device) if initial else None
+    cut, without, cu = _windowed_packed_pairs_and_without(monkeypatch, inputs, lengths, h0)
+    if h0 is not None and 0 in lengths:
+        assert torch.equal(cut[1][lengths.index(0)], h0[lengths.index(0)])
+    _no_further_from_the_recurrence(cut, without, inputs, 128**-0.5, h0, cu, factor=1.5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["q", "k", "v", "g", "beta"])
+def test_gpu_nan_never_leaves_its_packed_sequence_where_windowed_pairs_cut(gpu_device: str,
+                                                                          monkeypatch: pytest.MonkeyPatch,
+                                                                          name: str) -> None:
+    # launch.HOPPER_WINDOWED_PACKED_PAIRS at 6144 + 2048 tokens, 2/8 heads (segments of 10 chunks): a non-finite
+    # input at token 1000 of the first sequence never reaches an earlier token nor the second sequence (its slots
+    # the next ones), and q only its own token; k, g and beta every later token of the sequence and its final state;
+    # v the rest of its segment (640 tokens) at least.
+    _needs_register_state_passes(gpu_device)
+    inputs = dict(zip(["q", "k", "v", "g", "beta"], make_inputs(1, 8192, 2, 8, 128, 128, torch.bfloat16,
+                                                                device=gpu_device), strict=True))
+    head = 0
+    inputs[name][0, 1000, head // 4 if name in ("q", "k") else head] = float("inf") if name == "v" else float("nan")
+    (o, state), _, _ = _windowed_packed_pairs_and_without(monkeypatch, tuple(inputs.values()), [6144, 2048])
+    finite = torch.isfinite(o[0, :, head]).all(-1).cpu()
+    assert finite[:1000].all() and not finite[1000] and finite[6144:].all() and torch.isfinite(state[1]).all()
+    if name == "q":
+        assert finite[1001:6144].all() and torch.isfinite(state[0]).all()
+    elif name == "v":
+        assert not finite[1000:1280].any()  # its segment (tokens 640-1279)
+    else:
+        assert not finite[1000:6144].any() and not torch.isfinite(state[0, head]).any()
 
 
 @pytest.mark.gpu
@@ -2119,7 +2240,10 @@ def test_kernels_compile_for_amd(target: str) -> None:
                                         "gdn_recurrence_hopper_rs_after_windows_packed",
                                         "gdn_prepare_hopper_t_scores_growth",
                                         "gdn_segment_state_hopper_rs_pair_from_v_window",
-                                        "gdn_recurrence_hopper_rs_pair_from_v_scores_after_windows"}
+                                        "gdn_recurrence_hopper_rs_pair_from_v_scores_after_windows",
+                                        "gdn_prepare_hopper_t_scores_growth_packed",
+                                        "gdn_segment_state_hopper_rs_pair_from_v_window_packed",
+                                        "gdn_recurrence_hopper_rs_pair_from_v_scores_after_windows_packed"}
     assert set(names) == {"gdn_prepare", "gdn_recurrence", "gdn_segment_state", "gdn_recurrence_wide",
                           "gdn_segment_state_wide", "gdn_combine", "gdn_recurrence_fp32", "gdn_prepare_fp32",
                           "gdn_prepare_growth", "gdn_segment_state_window"}
