@@ -110,7 +110,8 @@ def plan_segments(
     sequences can be cut into segments of pairs whose states take the gates' windows, each with its least chunks
     per segment (HOPPER_WINDOWED_PAIRS, HOPPER_WINDOWED_PACKED_PAIRS): taken, where no count is forced, where one
     wave of pairs makes at least WINDOWED_PAIRS_MIN_SEGMENTS segments of those chunks per sequence (packed ones:
-    of the average length, in the shortest segments whose slots make one wave whatever the lengths).
+    of the average length, in the shortest segments whose slots make one wave whatever the lengths), shorter
+    than the one-tile programs' segments would be.
     """
     chunks = max(1, -(-total_tokens // num_seqs // CHUNK))
     wide, narrow = block_vs or RECURRENCE_BLOCK_V[_block(key_dim)]
@@ -127,12 +128,15 @@ def plan_segments(
     if pair_least and wide in register_pairs and num_segments is None and value_dim > wide:
         per_segment = value_heads * -(-value_dim // (2 * wide))  # pair programs
         if packed:
-            windowed = _packed_windowed_pairs(num_seqs, total_tokens, per_segment, sm_count, pair_least)
+            windowed = _packed_windowed_pairs(num_seqs, total_tokens, per_segment, sm_count, pair_least) or 0
+            count = chunks // windowed if windowed else 0  # whole segments of an average sequence
         else:
-            segments = min(sm_count // (num_seqs * per_segment), chunks // pair_least)
-            windowed = -(-chunks // segments) if segments else None
-        count = chunks // windowed if windowed else 0  # whole segments of an average sequence
-        if count >= WINDOWED_PAIRS_MIN_SEGMENTS:
+            count = min(sm_count // (num_seqs * per_segment), chunks // pair_least)
+            windowed = -(-chunks // count) if count else 0
+        # ... where the one-tile programs (below, the windows' plan) would run longer segments: where they are as
+        # short, their chains are the faster (B1 T4096 2/8: eight of 8 chunks either way, the pairs +15%).
+        one_tile = 1 if 2 * programs > sm_count else max(1, min(sm_count // programs, chunks // MIN_SEGMENT_CHUNKS))
+        if count >= WINDOWED_PAIRS_MIN_SEGMENTS and windowed < -(-chunks // one_tile):
             count = -(-chunks // windowed)
             how = (f"{per_segment} sequential programs of two {wide}-column tiles (HV x V/{2 * wide}) per segment "
                    f"for {sm_count} SMs: packed sequences in segments of {windowed} chunks, their slots one wave "
@@ -494,17 +498,26 @@ HOPPER_PAIRS_SCORES = True
 # that is 128 pair programs of 128 chunks where the one-tile programs beside the prepare pass ran 64 of 512. On an
 # H100 against that form: B1 T32768 32/32 -41.6%, 16/32 -15.4%, B1 T131072 32/32 -43.9%; against the one-tile
 # windows: 1x32768 2/8 -12.2%, 1x65536 2/8 -15.7%, 1x32768 4/16 -15.5%; under mixed gates (a quarter of the heads
-# never forget) -26.3% and -7.0% (BENCHMARKS.md, "thirty-ninth set"). An empty table turns it off.
-HOPPER_WINDOWED_PAIRS: Mapping[int, int] = types.MappingProxyType({64: 32})
+# never forget) -26.3% and -7.0% (BENCHMARKS.md, "thirty-ninth set"). The least was 32 chunks there, which cut
+# B1 T8192 2/8 into four segments where the one-tile windows ran eight: 16, and the pairs only where their
+# segments are the shorter (plan_segments), measured against 32 and the one-tile windows under three families of
+# gates: B1 T8192 2/8 keeps the one-tile windows (-45.2%, -40.6%, -46.3% against 32: fast, slow, mixed), B1 T16384
+# 2/8 takes sixteen segments of 16 (-24.0%, -17.5%, -16.4%; the one-tile windows -14.8%, -13.8%, -18.3%),
+# BENCHMARKS.md "fortieth set". An empty table turns it off.
+HOPPER_WINDOWED_PAIRS: Mapping[int, int] = types.MappingProxyType({64: 16})
 # ... where one wave of pairs makes this many segments or more: at 1x8192 16/64 two segments of 64 chunks were
 # 12.1% slower than the pairs beside the prepare pass (H100); four and more were faster everywhere measured, three
 # was not measured.
 WINDOWED_PAIRS_MIN_SEGMENTS = 4
 # Packed sequences (cu_seqlens) in the same form, per V tile the least chunks per segment. The plan cannot see
 # the lengths, so the segments are the shortest whose slots make one wave of pairs whatever the lengths
-# (_packed_windowed_pairs), taken where a sequence of the average length makes WINDOWED_PAIRS_MIN_SEGMENTS. An
-# empty table turns it off.
-HOPPER_WINDOWED_PACKED_PAIRS: Mapping[int, int] = types.MappingProxyType({64: 8})
+# (_packed_windowed_pairs), taken where a sequence of the average length makes WINDOWED_PAIRS_MIN_SEGMENTS and
+# they are shorter than the one-tile windows'. On an H100 against those (2/8 heads): 12288+4096 tokens in
+# segments of 19 chunks -8.8% under the bench's gates, -7.0% slow, +1.1% mixed. A least of 8 took varlen
+# 6144+2048 in segments of 10 where the one-tile windows run 16: -8.0% under the bench's gates but +27.0% slow
+# and +10.2% mixed (segments shorter than a window), so 16, and that row keeps the one-tile windows
+# (BENCHMARKS.md, "fortieth set"). An empty table turns it off.
+HOPPER_WINDOWED_PACKED_PAIRS: Mapping[int, int] = types.MappingProxyType({64: 16})
 # Packed sequences (cu_seqlens) beside the prepare pass too, by the batch rows' rules with their average length
 # (plan_segments' chunks). Off: the plan cannot see how long the longest is, and that chain then bounds the op
 # at the pairs' pace beside (about 2.9 us a chunk, where the one-tile pass after the prepare pass takes 1.55).

@@ -1442,7 +1442,8 @@ def test_segment_windows_cut_without_the_lead_form(monkeypatch: pytest.MonkeyPat
 
 def test_segment_plan_cuts_batch_rows_into_windowed_pairs_of_one_wave() -> None:
     # launch.HOPPER_WINDOWED_PAIRS: where two-tile programs leave half the SMs, one wave of them in segments of at
-    # least the table's chunks, at least WINDOWED_PAIRS_MIN_SEGMENTS of them; never packed, never a forced count.
+    # least the table's chunks, at least WINDOWED_PAIRS_MIN_SEGMENTS of them, shorter than the one-tile programs'
+    # segments would be; never a forced count.
     from polykernels.gated_delta_rule.launch import WINDOWED_PAIRS_MIN_SEGMENTS, plan_segments
 
     pairs = {"register_tiles": (64,), "register_pairs": (64,), "windowed_pairs": {64: 32}}
@@ -1451,7 +1452,12 @@ def test_segment_plan_cuts_batch_rows_into_windowed_pairs_of_one_wave() -> None:
     assert "32 sequential programs of two 64-column tiles (N x HV x V/128) for 132 SMs" in b1.reason
     assert (plan_segments(1, 32768, 8, 132, **pairs).segments, plan_segments(1, 65536, 8, 132, **pairs).segments) == (
         16, 16)  # 8 pair programs: sixteen segments of 32 and of 64 chunks
-    assert plan_segments(1, 8192, 8, 132, **pairs).segment_chunks == 32  # 128 chunks: four of the least 32
+    assert plan_segments(1, 16384, 8, 132, **pairs).segment_chunks == 32  # 256 chunks: eight of the least 32
+    # 1 x 8192 at 8 value heads: four pair segments of 32 chunks, where the one-tile programs run eight of 16.
+    assert plan_segments(1, 8192, 8, 132, **pairs).warpgroups == 1
+    shorter = plan_segments(1, 8192, 8, 132, **{**pairs, "windowed_pairs": {64: 8}})  # sixteen of 8
+    assert (shorter.segments, shorter.segment_chunks, shorter.warpgroups) == (16, 8, 2)
+    assert plan_segments(1, 4096, 8, 132, **{**pairs, "windowed_pairs": {64: 8}}).warpgroups == 1  # 8 either way
     assert WINDOWED_PAIRS_MIN_SEGMENTS == 4
     assert plan_segments(1, 8192, 64, 132, **pairs).warpgroups == 1  # 64 pair programs: two segments, too few
     assert plan_segments(1, 4096, 8, 132, **pairs).warpgroups == 1  # 64 chunks: two of 32, too few
@@ -1472,7 +1478,10 @@ def test_segment_plan_cuts_packed_sequences_into_windowed_pairs_of_one_wave_what
     varlen = plan_segments(2, 8192, 8, 132, **pairs)  # 6144 + 2048 tokens: 16 slots of 8 pairs, 14 after the firsts
     assert (varlen.segments, varlen.segment_chunks, varlen.block_v, varlen.warpgroups) == (7, 10, 64, 2)
     assert "packed sequences in segments of 10 chunks, their slots one wave whatever the lengths" in varlen.reason
-    assert plan_segments(2, 8192, 8, 132, **{**pairs, "windowed_pairs": {64: 16}}).segment_chunks == 16  # the least
+    # At least 16 chunks: the one-tile programs' segments (16) are as short, so theirs.
+    assert plan_segments(2, 8192, 8, 132, **{**pairs, "windowed_pairs": {64: 16}}).warpgroups == 1
+    longer = plan_segments(2, 16384, 8, 132, **{**pairs, "windowed_pairs": {64: 16}})  # the one-tile ones: 32
+    assert (longer.segment_chunks, longer.warpgroups) == (19, 2)
     assert plan_segments(2, 8192, 8, 132, **{**pairs, "windowed_pairs": {64: 32}}).warpgroups == 1  # two: too few
     assert plan_segments(8, 8192, 8, 132, **pairs).warpgroups == 1  # 8 x 1024: 16 chunks each, one segment
     assert plan_segments(2, 8192, 8, 132, num_segments=4, **pairs).warpgroups == 1  # a forced count
@@ -1526,19 +1535,20 @@ def test_windowed_pairs_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
             tables.setattr(launch, name, off)
             other = _sm90_recipe(monkeypatch, 1, 32768, 32, 32, None)
             assert other.concurrent and other.plan.warpgroups == 1 and not other.from_v, name
-    # Packed sequences (launch.HOPPER_WINDOWED_PACKED_PAIRS): 6144 + 2048 tokens at 2/8 heads in segments of 10
-    # chunks, slots for ceil(8192 / 640) + 2 of them; off, the one-tile windows.
-    packed = _sm90_recipe(monkeypatch, 1, 8192, 2, 8, None, packed=2, has_initial=True)
-    assert (packed.segment_chunks, packed.max_segments, packed.plan.warpgroups) == (10, 15, 2)
+    # Packed sequences (launch.HOPPER_WINDOWED_PACKED_PAIRS): 12288 + 4096 tokens at 2/8 heads in segments of 19
+    # chunks, slots for ceil(16384 / 1216) + 2 of them; off, the one-tile windows.
+    packed = _sm90_recipe(monkeypatch, 1, 16384, 2, 8, None, packed=2, has_initial=True)
+    assert (packed.segment_chunks, packed.max_segments, packed.plan.warpgroups) == (19, 16, 2)
     assert packed.from_v and packed.after_windows and packed.segment_registers and not packed.lead
-    assert packed.segment_state_grid == (2, 15, 8) and packed.recurrence_grid == (1, 15, 8)
+    assert packed.segment_state_grid == (2, 16, 8) and packed.recurrence_grid == (1, 16, 8)
     assert packed.prepare_meta["STORE_T"] and packed.prepare_meta["SCORE_FACTORS"] and packed.prepare_meta["VARLEN"]
     assert packed.segment_state_meta["SEGMENT_WINDOW"] and packed.segment_state_meta["VARLEN"]
     assert packed.recurrence_meta["AFTER_WINDOWS"] and packed.recurrence_meta["SCORES"]
     assert packed.recurrence_meta["HAS_INITIAL"] and packed.recurrence_meta["STORE_FINAL"]
-    assert packed.workspace.parts[launch._Scratch._fields.index("h_local")].shape == (15, 8, 128, 128)
+    assert packed.workspace.parts[launch._Scratch._fields.index("h_local")].shape == (16, 8, 128, 128)
+    assert not _sm90_recipe(monkeypatch, 1, 8192, 2, 8, None, packed=2).from_v  # 6144 + 2048: one-tile's as short
     monkeypatch.setattr(launch, "HOPPER_WINDOWED_PACKED_PAIRS", {})
-    one_tile = _sm90_recipe(monkeypatch, 1, 8192, 2, 8, None, packed=2)
+    one_tile = _sm90_recipe(monkeypatch, 1, 16384, 2, 8, None, packed=2)
     assert one_tile.plan.warpgroups == 1 and not one_tile.from_v and one_tile.segment_windows
 
 
@@ -1772,7 +1782,7 @@ def _windowed_pairs_and_without(monkeypatch: pytest.MonkeyPatch, inputs, h0=None
     pair_programs = inputs[0].shape[0] * inputs[2].shape[2]  # batch rows x value heads, V = 128: one pair each
     if platform.sm_count(inputs[0].device) < launch.WINDOWED_PAIRS_MIN_SEGMENTS * pair_programs:
         pytest.skip("this GPU has too few SMs for one wave of the pairs to make the least segments")
-    monkeypatch.setattr(launch, "HOPPER_WINDOWED_PAIRS", {64: 32})
+    monkeypatch.setattr(launch, "HOPPER_WINDOWED_PAIRS", {64: 16})
     cut = public()
     recipe = launch._recipe(inputs[0].shape, inputs[2].shape, inputs[0].dtype, None, inputs[0].shape[0],
                             h0 is not None, True, False, None, inputs[0].device, platform.current(),
@@ -1788,10 +1798,11 @@ def _windowed_pairs_and_without(monkeypatch: pytest.MonkeyPatch, inputs, h0=None
 @pytest.mark.parametrize("gate", ["random", "slow", "mixed"])
 def test_gpu_windowed_pairs_match_the_recurrence(gpu_device: str, monkeypatch: pytest.MonkeyPatch, gate: str,
                                                  initial: bool) -> None:
-    # launch.HOPPER_WINDOWED_PAIRS: 1 x 16384 tokens at 2 qk / 8 v heads (eight pair programs), cut into segments of
-    # at least 32 chunks; the segment states in FlashInfer's order from T and v, windowed; the pairs scanning back
-    # to the last window and forming P. random and slow gates: a window in every segment; mixed: a quarter of the
-    # heads never forget, their segment states whole and scanned. As near the fp64 recurrence as the plan without the
+    # launch.HOPPER_WINDOWED_PAIRS: 1 x 16384 tokens at 2 qk / 8 v heads (eight pair programs), cut into sixteen
+    # segments of 16 chunks; the segment states in FlashInfer's order from T and v, windowed; the pairs scanning back
+    # to the last window and forming P. random gates: a window in every segment; slow: segments shorter than a
+    # window (about 17 chunks), each scanned from the sequence's start; mixed: a quarter of the heads never forget,
+    # their segment states whole and scanned. As near the fp64 recurrence as the plan without the
     # form, a CUDA graph's replay the same bits.
     _needs_register_state_passes(gpu_device)
     inputs = make_inputs(1, 16384, 2, 8, 128, 128, torch.bfloat16, gate="slow" if gate == "slow" else "random",
@@ -1805,7 +1816,7 @@ def test_gpu_windowed_pairs_match_the_recurrence(gpu_device: str, monkeypatch: p
 
 @pytest.mark.gpu
 def test_gpu_windowed_pairs_of_several_batch_rows(gpu_device: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Two batch rows of 8192 tokens at 2 qk / 8 v heads (sixteen pair programs, four segments each): each row's
+    # Two batch rows of 8192 tokens at 2 qk / 8 v heads (sixteen pair programs, eight segments each): each row's
     # segments, windows and initial state its own.
     _needs_register_state_passes(gpu_device)
     inputs = make_inputs(2, 8192, 2, 8, 128, 128, torch.bfloat16, device=gpu_device)
@@ -1818,12 +1829,12 @@ def test_gpu_windowed_pairs_of_several_batch_rows(gpu_device: str, monkeypatch: 
 @pytest.mark.parametrize("name", ["q", "k", "v", "g", "beta"])
 def test_gpu_nan_never_reaches_earlier_tokens_where_windowed_pairs_cut(gpu_device: str, monkeypatch: pytest.MonkeyPatch,
                                                                       name: str) -> None:
-    # launch.HOPPER_WINDOWED_PAIRS at 1 x 8192 tokens, 1 qk / 4 v heads (four segments of 32 chunks): a non-finite
-    # input at token 3000 (the second segment's) never reaches an earlier token, and q only its own. k, g and beta
-    # reach every later token (the prepare pass marks the chunk's decay, which the windows read); v the rest of its
-    # segment at least: the prepare pass does not read v here, so a later window drops it with the past.
+    # launch.HOPPER_WINDOWED_PAIRS at 1 x 16384 tokens, 2 qk / 8 v heads (sixteen segments of 16 chunks): a
+    # non-finite input at token 3000 (the third segment's) never reaches an earlier token, and q only its own. k, g
+    # and beta reach every later token (the prepare pass marks the chunk's decay, which the windows read); v the rest
+    # of its segment at least: the prepare pass does not read v here, so a later window drops it with the past.
     _needs_register_state_passes(gpu_device)
-    inputs = dict(zip(["q", "k", "v", "g", "beta"], make_inputs(1, 8192, 1, 4, 128, 128, torch.bfloat16,
+    inputs = dict(zip(["q", "k", "v", "g", "beta"], make_inputs(1, 16384, 2, 8, 128, 128, torch.bfloat16,
                                                                 device=gpu_device), strict=True))
     inputs[name][0, 3000, 0] = float("inf") if name == "v" else float("nan")
     (o, state), _ = _windowed_pairs_and_without(monkeypatch, tuple(inputs.values()))
@@ -1833,7 +1844,7 @@ def test_gpu_nan_never_reaches_earlier_tokens_where_windowed_pairs_cut(gpu_devic
     if name == "q":
         assert finite[3001:].all() and torch.isfinite(state).all()
     elif name == "v":
-        assert not finite[3000:4096].any()
+        assert not finite[3000:3072].any()  # its segment (tokens 2048-3071)
     else:
         assert not finite[3000:].any() and not torch.isfinite(state[0, head]).any()
 
@@ -1850,7 +1861,7 @@ def _windowed_packed_pairs_and_without(monkeypatch: pytest.MonkeyPatch, inputs, 
     def public():
         return chunk_gated_delta_rule(*inputs, initial_state=h0, output_final_state=True, cu_seqlens=cu)
 
-    monkeypatch.setattr(launch, "HOPPER_WINDOWED_PACKED_PAIRS", {64: 8})
+    monkeypatch.setattr(launch, "HOPPER_WINDOWED_PACKED_PAIRS", {64: 16})
     recipe = launch._recipe(inputs[0].shape, inputs[2].shape, inputs[0].dtype, torch.int32, len(lengths),
                             h0 is not None, True, False, None, inputs[0].device, platform.current(),
                             *_tables_here(128))
@@ -1868,14 +1879,14 @@ def _windowed_packed_pairs_and_without(monkeypatch: pytest.MonkeyPatch, inputs, 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(("lengths", "heads", "gate", "initial"), [
-    ([6144, 2048], (2, 8), "random", False), ([6144, 2048], (2, 8), "slow", True),
-    ([6144, 2048], (2, 8), "mixed", True), ([6000, 0, 1, 700, 9000, 37], (1, 4), "random", True)],
-    ids=["6144+2048", "6144+2048-slow-initial", "6144+2048-mixed-initial", "six-lengths-initial"])
+    ([12288, 4096], (2, 8), "random", False), ([12288, 4096], (2, 8), "slow", True),
+    ([12288, 4096], (2, 8), "mixed", True), ([12000, 0, 1, 700, 18000, 37], (1, 4), "random", True)],
+    ids=["12288+4096", "12288+4096-slow-initial", "12288+4096-mixed-initial", "six-lengths-initial"])
 def test_gpu_windowed_pairs_of_packed_sequences_match_the_recurrence(gpu_device: str, monkeypatch: pytest.MonkeyPatch,
                                                                     lengths: list[int], heads: tuple[int, int],
                                                                     gate: str, initial: bool) -> None:
     # launch.HOPPER_WINDOWED_PACKED_PAIRS: packed sequences cut into segments of pairs, their slots one wave
-    # whatever the lengths (6144 + 2048 tokens at 2/8 heads: segments of 10 chunks). Sequences of one segment
+    # whatever the lengths (12288 + 4096 tokens at 2/8 heads: segments of 19 chunks). Sequences of one segment
     # (0, 1 and 37 tokens: the output program starts from the initial state and stores the final one), of two and
     # of many; slow gates (segments shorter than a window: every output program scans each transition before it);
     # mixed (a quarter of the heads never forget: their segment states whole). As near the fp64 recurrence as the
@@ -1899,24 +1910,24 @@ def test_gpu_windowed_pairs_of_packed_sequences_match_the_recurrence(gpu_device:
 def test_gpu_nan_never_leaves_its_packed_sequence_where_windowed_pairs_cut(gpu_device: str,
                                                                           monkeypatch: pytest.MonkeyPatch,
                                                                           name: str) -> None:
-    # launch.HOPPER_WINDOWED_PACKED_PAIRS at 6144 + 2048 tokens, 2/8 heads (segments of 10 chunks): a non-finite
+    # launch.HOPPER_WINDOWED_PACKED_PAIRS at 12288 + 4096 tokens, 2/8 heads (segments of 19 chunks): a non-finite
     # input at token 1000 of the first sequence never reaches an earlier token nor the second sequence (its slots
     # the next ones), and q only its own token; k, g and beta every later token of the sequence and its final state;
-    # v the rest of its segment (640 tokens) at least.
+    # v the rest of its segment (1216 tokens) at least.
     _needs_register_state_passes(gpu_device)
-    inputs = dict(zip(["q", "k", "v", "g", "beta"], make_inputs(1, 8192, 2, 8, 128, 128, torch.bfloat16,
+    inputs = dict(zip(["q", "k", "v", "g", "beta"], make_inputs(1, 16384, 2, 8, 128, 128, torch.bfloat16,
                                                                 device=gpu_device), strict=True))
     head = 0
     inputs[name][0, 1000, head // 4 if name in ("q", "k") else head] = float("inf") if name == "v" else float("nan")
-    (o, state), _, _ = _windowed_packed_pairs_and_without(monkeypatch, tuple(inputs.values()), [6144, 2048])
+    (o, state), _, _ = _windowed_packed_pairs_and_without(monkeypatch, tuple(inputs.values()), [12288, 4096])
     finite = torch.isfinite(o[0, :, head]).all(-1).cpu()
-    assert finite[:1000].all() and not finite[1000] and finite[6144:].all() and torch.isfinite(state[1]).all()
+    assert finite[:1000].all() and not finite[1000] and finite[12288:].all() and torch.isfinite(state[1]).all()
     if name == "q":
-        assert finite[1001:6144].all() and torch.isfinite(state[0]).all()
+        assert finite[1001:12288].all() and torch.isfinite(state[0]).all()
     elif name == "v":
-        assert not finite[1000:1280].any()  # its segment (tokens 640-1279)
+        assert not finite[1000:1216].any()  # its segment (tokens 0-1215)
     else:
-        assert not finite[1000:6144].any() and not torch.isfinite(state[0, head]).any()
+        assert not finite[1000:12288].any() and not torch.isfinite(state[0, head]).any()
 
 
 @pytest.mark.gpu
@@ -2188,10 +2199,11 @@ def test_gpu_eager_calls_with_one_cu_seqlens_synchronize_once(gpu_device: str) -
 def test_gpu_offsets_past_2_pow_31_elements(gpu_device: str) -> None:
     # HV = 32, K = V = 128: q, k, v and o pass 2^31 elements beyond 524,288 tokens, on the whole,
     # segmented (context-parallel), wide-tile and planned paths (on an sm_90 of 132 SMs the planned one cuts
-    # the sequence into windowed pairs), and as planned for 100 SMs (on sm_90 the pairs beside the prepare pass). The
-    # oracle needs no dense reference: the same sequence in pieces chained through final_state ->
-    # initial_state must give the same output and state. It runs in a process of its own: a fault there
-    # (an offset that wraps) would leave this worker's CUDA context unusable for every test after it.
+    # the sequence into windowed pairs), as planned for 100 SMs (on sm_90 the pairs beside the prepare pass), and as
+    # one packed sequence planned for 200 SMs (on sm_90 the packed sequences' windowed pairs). The oracle needs no
+    # dense reference: the same sequence in pieces chained through final_state -> initial_state must give the same
+    # output and state. It runs in a process of its own: a fault there (an offset that wraps) would leave this
+    # worker's CUDA context unusable for every test after it.
     import json
     import subprocess
     import sys
