@@ -219,7 +219,7 @@ def plan_segments(
 def _packed_windowed_pairs(num_seqs: int, total_tokens: int, per_segment: int, sm_count: int,
                            least_chunks: int) -> int | None:
     """Chunks per segment of packed sequences cut into windowed pairs: the fewest, at least ``least_chunks``,
-    whose segment slots (at most total chunks // them + N, kernels._sequence_of) give one wave of
+    whose segment slots (at most ceil(tokens / segment tokens) + N, kernels._sequence_of) give one wave of
     ``per_segment`` programs each whatever the lengths; None where even one slot per sequence does not."""
     room = sm_count // per_segment - num_seqs  # slots beyond each sequence's first
     if room < 1:
