@@ -241,6 +241,40 @@ def _scores(qk, factors, BT: gl.constexpr):
 
 
 @gluon.jit
+def _state_update(state, v_new, decay, k_s, scales_s, stage, dtype: gl.constexpr, BT: gl.constexpr,
+                  OUTPUTS: gl.constexpr, update_a: gl.constexpr, tokens_of: gl.constexpr):
+    """The chunk's update on the state's path, in either order of the chain: h^T decay + (v_new diag(k's
+    scale))^T k, issued, not waited on. Returns it and v_new, waited on (q h, with OUTPUTS, may run on)."""
+    k_scale = scales_s.index(stage).slice(BT, BT).load(tokens_of)
+    v_new = warpgroup_mma_wait(1 if OUTPUTS else 0, deps=(v_new,))
+    update = gl.convert_layout((v_new * k_scale[None, :]).to(dtype), update_a)
+    return warpgroup_mma(update, k_s.index(stage), state * decay, is_async=True), v_new
+
+
+@gluon.jit
+def _chunk_output(state, v_new, minus_qh, minus_q_scale, p_s, out_s, stage, c, dtype: gl.constexpr,
+                  state_a: gl.constexpr):
+    """o^T = v_new^T P^T - (q h)^T diag(q's scale) behind the update, into o's buffer of chunk c (the next
+    chunk stores it, ``_store_output_t``). Returns the update, waited on."""
+    minus_qh = warpgroup_mma_wait(1, deps=(minus_qh,))
+    out = warpgroup_mma(gl.convert_layout(v_new.to(dtype), state_a), p_s.index(stage).permute((1, 0)),
+                        minus_qh * minus_q_scale[None, :], is_async=True)
+    state, out = warpgroup_mma_wait(0, deps=(state, out))
+    out_s.index(c % 2).store(out.to(dtype))
+    return state
+
+
+@gluon.jit
+def _store_last_output(O_ptr, out_s, chunks, start, end, i_hv, col0, HV: gl.constexpr, V: gl.constexpr,
+                       BT: gl.constexpr, BV: gl.constexpr):
+    """The last chunk's output, which no later chunk stores."""
+    if chunks > 0:
+        gl.thread_barrier()  # every thread's part of the last output tile is in
+        _store_output_t(O_ptr, out_s.index((chunks + 1) % 2), start + (chunks - 1) * BT, end, i_hv, col0, HV, V, BT,
+                        BV)
+
+
+@gluon.jit
 def _from_v_stages(dtype: gl.constexpr, STAGES: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr,
                    SCORES: gl.constexpr):
     """The FROM_V form's shared memory: the chunk stages (T, k, q, P, v, the scales) and o's two buffers."""
@@ -319,28 +353,20 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, v_limit, Q_ptr, K_ptr, T_
             minus_qh = warpgroup_mma(minus_h, q_s.index(stage).permute((1, 0)), zero, use_acc=False, is_async=True)
             if c > 0:  # the previous chunk's output, while T's product and q h run
                 _store_output_t(O_ptr, out_s.index((c + 1) % 2), chunk_start - BT, end, i_hv, col0, HV, V, BT, BV)
-        k_scale = scales_s.index(stage).slice(BT, BT).load(tokens_of)
-        v_new = warpgroup_mma_wait(1 if OUTPUTS else 0, deps=(v_new,))
-        update = gl.convert_layout((v_new * k_scale[None, :]).to(dtype), update_a)
-        state = warpgroup_mma(update, k_s.index(stage), state * decay, is_async=True)
+        state, v_new = _state_update(state, v_new, decay, k_s, scales_s, stage, dtype, BT, OUTPUTS, update_a,
+                                     tokens_of)
         if OUTPUTS:
             if SCORES:
                 gl.thread_barrier()  # every warpgroup's half of P is in before either's output product reads it
             minus_q_scale = -scales_s.index(stage).slice(0, BT).load(tokens_of)
             if CHECKED:
                 minus_q_scale = minus_q_scale + poison
-            minus_qh = warpgroup_mma_wait(1, deps=(minus_qh,))
-            out = warpgroup_mma(gl.convert_layout(v_new.to(dtype), state_a), p_s.index(stage).permute((1, 0)),
-                                minus_qh * minus_q_scale[None, :], is_async=True)
-            state, out = warpgroup_mma_wait(0, deps=(state, out))
-            out_s.index(c % 2).store(out.to(dtype))
+            state = _chunk_output(state, v_new, minus_qh, minus_q_scale, p_s, out_s, stage, c, dtype, state_a)
         else:
             state = warpgroup_mma_wait(0, deps=(state,))
     async_copy.wait_group(0)
-    if OUTPUTS and chunks > 0:
-        gl.thread_barrier()  # every thread's part of the last output tile is in
-        _store_output_t(O_ptr, out_s.index((chunks + 1) % 2), start + (chunks - 1) * BT, end, i_hv, col0, HV, V, BT,
-                        BV)
+    if OUTPUTS:
+        _store_last_output(O_ptr, out_s, chunks, start, end, i_hv, col0, HV, V, BT, BV)
     return state
 
 
@@ -516,24 +542,16 @@ def gdn_recurrence_hopper_rs_kernel(
                           K, V, BT, BK, BV, OUTPUTS, U_COLS_IN)
             if OUTPUTS and c > 0:  # the previous chunk's output
                 _store_output_t(O_ptr, out_s.index((c + 1) % 2), chunk_start - BT, end, i_hv, col0, HV, V, BT, BV)
-            k_scale = scales_s.index(stage).slice(BT, BT).load(tokens_of)
-            v_new = warpgroup_mma_wait(1 if OUTPUTS else 0, deps=(v_new,))  # q h may run on
-            update = gl.convert_layout((v_new * k_scale[None, :]).to(dtype), update_a)
-            state = warpgroup_mma(update, k_s.index(stage), state * decay, is_async=True)
+            state, v_new = _state_update(state, v_new, decay, k_s, scales_s, stage, dtype, BT, OUTPUTS, update_a,
+                                         tokens_of)
             if OUTPUTS:
                 minus_q_scale = -scales_s.index(stage).slice(0, BT).load(tokens_of)
-                minus_qh = warpgroup_mma_wait(1, deps=(minus_qh,))
-                out = warpgroup_mma(gl.convert_layout(v_new.to(dtype), state_a), p_s.index(stage).permute((1, 0)),
-                                    minus_qh * minus_q_scale[None, :], is_async=True)
-                state, out = warpgroup_mma_wait(0, deps=(state, out))
-                out_s.index(c % 2).store(out.to(dtype))
+                state = _chunk_output(state, v_new, minus_qh, minus_q_scale, p_s, out_s, stage, c, dtype, state_a)
             else:
                 state = warpgroup_mma_wait(0, deps=(state,))
         async_copy.wait_group(0)
-        if OUTPUTS and chunks > 0:
-            gl.thread_barrier()  # every thread's part of the last output tile is in
-            _store_output_t(O_ptr, out_s.index((chunks + 1) % 2), start + (chunks - 1) * BT, end, i_hv, col0, HV, V, BT,
-                            BV)
+        if OUTPUTS:
+            _store_last_output(O_ptr, out_s, chunks, start, end, i_hv, col0, HV, V, BT, BV)
 
     if SEGMENT_STATE:  # h^T and M^T: the tile's K index runs along its columns
         _store_segment_state(HLOC_ptr, M_ptr, state, k_idx[None, :], cols[:, None], (i_s * HV + i_hv) * K, valid,
