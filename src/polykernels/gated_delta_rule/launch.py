@@ -377,14 +377,18 @@ configuration_version = 0
 
 
 class _Configurable(types.ModuleType):
-    """This module: every assignment to one of its attributes (a launch table replaced, a launcher
-    factory patched) moves ``configuration_version``, so a launch program recorded before it is
-    not replayed after it."""
+    """This module: every assignment to one of its attributes (a launch table replaced, a plan constant or a
+    launcher factory patched) moves ``configuration_version``, so a launch program recorded before it is
+    not replayed after it, and drops the cached recipes: the plan reads its constants (the least chunks of
+    each form) from the module, not from the recipe's arguments."""
 
     def __setattr__(self, name: str, value: object) -> None:
         super().__setattr__(name, value)
         if name != "configuration_version":
             super().__setattr__("configuration_version", self.configuration_version + 1)
+            clear = getattr(self.__dict__.get("_recipe"), "cache_clear", None)
+            if clear is not None:
+                clear()
 
 
 sys.modules[__name__].__class__ = _Configurable

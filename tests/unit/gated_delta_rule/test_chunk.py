@@ -315,6 +315,22 @@ def _sm90_recipe(monkeypatch: pytest.MonkeyPatch, batch: int, tokens: int, heads
         num_segments, torch.device("cpu"), seen, *launch.launch_tables(128, seen.arch))
 
 
+def test_an_assignment_to_a_plan_constant_takes_effect_at_the_next_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The plan reads its least chunks from the module, not from the cached recipe's arguments: an assignment (a
+    # sweep's, a test's) must drop the recipes planned before it, as it moves the launch programs' version.
+    from polykernels.gated_delta_rule import launch
+
+    before = _sm90_recipe(monkeypatch, 8, 1024, 2, 8, None)  # 16 chunks: after the prepare pass by default
+    assert not before.plan.concurrent
+    version = launch.configuration_version
+    monkeypatch.setattr(launch, "CONCURRENT_PAIRS_MIN_CHUNKS", 16)
+    assert launch.configuration_version > version
+    beside = _sm90_recipe(monkeypatch, 8, 1024, 2, 8, None)
+    assert beside.plan.concurrent and beside.plan.warpgroups == 2
+    monkeypatch.undo()
+    assert not _sm90_recipe(monkeypatch, 8, 1024, 2, 8, None).plan.concurrent
+
+
 def test_segment_plan_runs_the_passes_side_by_side_where_wide_tiles_leave_half_the_sms() -> None:
     from polykernels.gated_delta_rule.launch import CONCURRENT_MIN_CHUNKS, CONCURRENT_PAIRS_MIN_CHUNKS, plan_segments
 
@@ -799,7 +815,8 @@ def test_gluon_passes_off_by_environment(monkeypatch: pytest.MonkeyPatch) -> Non
     assert not launch.hopper_pass(seen, torch.bfloat16, 128)
     assert not (triton_only.hopper or triton_only.hopper_prepare or triton_only.lead or triton_only.concurrent)
     monkeypatch.setenv("POLYKERNELS_GDN_GLUON", "1")
-    assert _sm90_recipe(monkeypatch, 1, 32768, 2, 8, None) is gluon
+    again = _sm90_recipe(monkeypatch, 1, 32768, 2, 8, None)
+    assert again.spec == gluon.spec and again.hopper and again.hopper_prepare
 
 
 @pytest.mark.parametrize("case", CASES)
