@@ -38,10 +38,11 @@ MIN_SEGMENT_CHUNKS = 8
 # The two passes side by side (plan_segments' concurrent_tiles) for sequences of at least this many
 # chunks; shorter ones were not measured (their prepare pass may fit one wave on every SM).
 CONCURRENT_MIN_CHUNKS = 128
-# The same for the pairs beside the prepare pass (plan_segments' concurrent_pairs). At 16 chunks they measured
-# -3.9% against the pairs after it (B8 T1024 2/8, H100, BENCHMARKS.md "thirty-eighth set"); not lowered until
-# the GPU tests have run with it.
-CONCURRENT_PAIRS_MIN_CHUNKS = 128
+# The same for the pairs beside the prepare pass (plan_segments' concurrent_pairs). Against the form after the
+# prepare pass (one-tile programs or pairs) on an H100: B8 T1024 2/8 -7.4%, B8 T2048 -14.3%, B8 T4096 -18.1%
+# (the same under slowly decaying gates), B8 T6144 2/8 -18.8%, B4 T2048 4/16 -14.1%, B2 T4096 8/32 -17.8%,
+# B16 T1024 2/4 -12.5% (BENCHMARKS.md, "forty-first set"). Shorter sequences were not measured.
+CONCURRENT_PAIRS_MIN_CHUNKS = 16
 WHOLE_SEQUENCE = 2**34  # chunks per segment when a sequence is not cut: more than any sequence has
 
 
@@ -525,7 +526,7 @@ HOPPER_WINDOWED_PACKED_PAIRS: Mapping[int, int] = types.MappingProxyType({64: 16
 # Packed sequences (cu_seqlens) beside the prepare pass too, by the batch rows' rules with their average length
 # (plan_segments' chunks). Off: the plan cannot see how long the longest is, and that chain then bounds the op
 # at the pairs' pace beside (about 2.9 us a chunk, where the one-tile pass after the prepare pass takes 1.55).
-# On an H100 (CONCURRENT_PAIRS_MIN_CHUNKS 16): varlen 8x1024 2/8 -0.9%, 7168 + 7 x 128 tokens +64%
+# On an H100 (with the pairs' least at 16 chunks): varlen 8x1024 2/8 -0.9%, 7168 + 7 x 128 tokens +64%
 # (BENCHMARKS.md, "thirty-eighth set").
 HOPPER_CONCURRENT_PACKED = False
 # Cut sequences on sm_90, per V tile of HOPPER_REGISTER_STAGES and

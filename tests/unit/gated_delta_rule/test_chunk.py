@@ -320,15 +320,14 @@ def test_an_assignment_to_a_plan_constant_takes_effect_at_the_next_call(monkeypa
     # sweep's, a test's) must drop the recipes planned before it, as it moves the launch programs' version.
     from polykernels.gated_delta_rule import launch
 
-    before = _sm90_recipe(monkeypatch, 8, 1024, 2, 8, None)  # 16 chunks: after the prepare pass by default
-    assert not before.plan.concurrent
+    before = _sm90_recipe(monkeypatch, 8, 1024, 2, 8, None)  # 16 chunks: the pairs beside the prepare pass
+    assert before.plan.concurrent and before.plan.warpgroups == 2
     version = launch.configuration_version
-    monkeypatch.setattr(launch, "CONCURRENT_PAIRS_MIN_CHUNKS", 16)
+    monkeypatch.setattr(launch, "CONCURRENT_PAIRS_MIN_CHUNKS", 17)
     assert launch.configuration_version > version
-    beside = _sm90_recipe(monkeypatch, 8, 1024, 2, 8, None)
-    assert beside.plan.concurrent and beside.plan.warpgroups == 2
+    assert not _sm90_recipe(monkeypatch, 8, 1024, 2, 8, None).plan.concurrent  # after it
     monkeypatch.undo()
-    assert not _sm90_recipe(monkeypatch, 8, 1024, 2, 8, None).plan.concurrent
+    assert _sm90_recipe(monkeypatch, 8, 1024, 2, 8, None).plan.concurrent
 
 
 def test_segment_plan_runs_the_passes_side_by_side_where_wide_tiles_leave_half_the_sms() -> None:
