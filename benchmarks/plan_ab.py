@@ -2,9 +2,10 @@
 
 Where a change is only a plan's (a least chunk count, a form's table), two source trees (``benchmarks.ab_rounds``)
 are more than it needs: an assignment to ``gated_delta_rule.launch`` takes effect at the next call (it drops the
-cached recipes and the launch programs recorded before it). For each shape and gate family this times the op under
-each value in turn, GPU ms under CUDA-graph replay (``do_bench_cudagraph``), and the largest difference of o from
-the first value's. ``--segments`` forces ``num_segments`` instead (``default`` for the plan's own count).
+cached recipes, and no launch program recorded before it is replayed). For each shape and gate family this
+times the op under each value in turn, GPU ms under CUDA-graph replay (``do_bench_cudagraph``), and the largest
+difference of o from the first value's. ``--segments`` forces ``num_segments`` instead (``default`` for the
+plan's own count).
 
     python -m benchmarks.plan_ab --set CONCURRENT_PAIRS_MIN_CHUNKS=128,16 --shape 8,1024,2,8 --gates fast slow
     python -m benchmarks.plan_ab --segments default,2,3 --shape 1024+1024+1024+1024,2,8 --gates fast slow mixed
