@@ -59,7 +59,7 @@ def shapes(cases: list[str] | None, extra: list[str] | None = None) -> list:
 def run(label: str, folder: Path, save: bool, cases: list[str] | None, gates: str | None = None,
         initial: bool = False, extra: list[str] | None = None) -> dict:
     """One tree's row; ``initial``: every call starts from a random fp32 initial state (a chunked prefill's)."""
-    from benchmarks.registry import gdn_inputs
+    from benchmarks.registry import gdn_boundaries, gdn_inputs
     from benchmarks.timing import graph_ms, median_ms
     from polykernels.gated_delta_rule import chunk_gated_delta_rule
 
@@ -69,8 +69,7 @@ def run(label: str, folder: Path, save: bool, cases: list[str] | None, gates: st
     folder.mkdir(parents=True, exist_ok=True)
     for name, batch, tokens, heads, value_heads, lengths in shapes(cases, extra):
         q, k, v, g, beta = gdn_inputs(batch, tokens, heads, value_heads, "cuda", gates=gates)
-        cu = None if lengths is None else torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()],
-                                                       dtype=torch.int32, device="cuda")
+        cu = gdn_boundaries(lengths, "cuda")
         sequences = batch if lengths is None else len(lengths)
         h0 = (torch.randn(sequences, value_heads, k.shape[-1], v.shape[-1], device="cuda",
                           generator=torch.Generator(device="cuda").manual_seed(1)) if initial else None)

@@ -14,7 +14,7 @@ import json
 
 import torch
 
-from benchmarks.registry import GDN_KEYS, GDN_SHAPES, gdn_inputs
+from benchmarks.registry import GDN_KEYS, GDN_SHAPES, gdn_boundaries, gdn_inputs
 
 
 def relative_rms_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -33,9 +33,7 @@ def main(max_tokens: int, cases: list[str] | None = None, keys: str = "random") 
         if batch * tokens > max_tokens or (cases and not any(text in name for text in cases)):
             continue
         inputs = gdn_inputs(batch, tokens, heads, value_heads, "cuda", keys=keys)
-        cu = None
-        if lengths is not None:
-            cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+        cu = gdn_boundaries(lengths, "cuda")
         want_o, want_s = naive_recurrent_gated_delta_rule(*(t.double() for t in inputs), output_final_state=True,
                                                           cu_seqlens=cu)
         row = {"shape": name, "keys": keys}

@@ -64,7 +64,7 @@ def run(shapes: Sequence[str], gates: Sequence[str], setting: tuple[str, list[ob
     import torch
     from triton.testing import do_bench_cudagraph
 
-    from benchmarks.registry import gdn_inputs
+    from benchmarks.registry import gdn_boundaries, gdn_inputs
     from polykernels.gated_delta_rule import chunk_gated_delta_rule, launch
 
     if setting is not None and not hasattr(launch, setting[0]):
@@ -74,8 +74,7 @@ def run(shapes: Sequence[str], gates: Sequence[str], setting: tuple[str, list[ob
     try:
         for spec in shapes:
             name, batch, tokens, heads, value_heads, lengths = gdn_shape(spec)
-            cu = None if lengths is None else torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()],
-                                                           dtype=torch.int32, device="cuda")
+            cu = gdn_boundaries(lengths, "cuda")
             for family in gates:
                 q, k, v, g, beta = gdn_inputs(batch, tokens, heads, value_heads, "cuda", gates=family)
                 reference = None

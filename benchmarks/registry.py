@@ -199,6 +199,13 @@ GDN_KEYS = ("random", "aligned", "repeated")
 GDN_GATES = ("fast", "slow", "mixed")
 
 
+def gdn_boundaries(lengths: list[int] | None, device: str) -> torch.Tensor | None:
+    """Packed sequences' int32 ``cu_seqlens`` from their lengths (None for batch rows): what FLA takes too."""
+    if lengths is None:
+        return None
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=device, dtype=torch.int32)
+
+
 def gdn_inputs(batch: int, tokens: int, heads: int, value_heads: int, device: str, dim: int = 128,
                keys: str = "random", gates: str | None = None) -> tuple:
     if keys not in GDN_KEYS:
@@ -232,9 +239,7 @@ def gdn_cases(device: str) -> Iterator[Case]:
 
     for name, batch, tokens, heads, value_heads, lengths in GDN_SHAPES:
         q, k, v, g, beta = gdn_inputs(batch, tokens, heads, value_heads, device)
-        cu = None
-        if lengths is not None:
-            cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=device, dtype=torch.int32)
+        cu = gdn_boundaries(lengths, device)
         moved = 2 * (q.numel() + k.numel() + 2 * v.numel()) + g.numel() * 4 + beta.numel() * 2  # q,k,v in; o out
         impls: dict[str, Callable[[], object]] = {
             "polykernels": lambda a=(q, k, v, g, beta), cu=cu: chunk_gated_delta_rule(

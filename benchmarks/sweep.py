@@ -18,7 +18,7 @@ import json
 
 import torch
 
-from benchmarks.registry import GDN_GATES, GDN_SHAPES, gdn_inputs
+from benchmarks.registry import GDN_GATES, GDN_SHAPES, gdn_boundaries, gdn_inputs
 from benchmarks.timing import graph_ms
 from polykernels import platform
 
@@ -33,9 +33,7 @@ def sweep_gdn(device: str, cases: list[str] | None = None, counts: tuple[int, ..
         if cases and not any(case in name for case in cases):
             continue
         q, k, v, g, beta = gdn_inputs(batch, tokens, heads, value_heads, device, gates=gates)
-        cu = None
-        if lengths is not None:
-            cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=device, dtype=torch.int32)
+        cu = gdn_boundaries(lengths, device)
         num_seqs = batch if cu is None else len(lengths)
         # "auto": plan_segments' count alone; the recipe (windows, the lead form) may run another: "plan" times it.
         auto = plan_segments(num_seqs, batch * tokens, value_heads, platform.sm_count(torch.device(device)),

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from benchmarks.registry import GDN_GATES, GDN_KEYS, gdn_inputs
+from benchmarks.registry import GDN_GATES, GDN_KEYS, gdn_boundaries, gdn_inputs
 
 
 def _cosines(k: torch.Tensor) -> torch.Tensor:
@@ -52,3 +52,9 @@ def test_the_gate_families_forget_fast_slowly_or_never() -> None:
 def test_an_unknown_gate_family_is_refused() -> None:
     with pytest.raises(ValueError, match=r"gates must be one of \('fast', 'slow', 'mixed'\), got 'none'"):
         gdn_inputs(1, 64, 1, 1, "cpu", gates="none")
+
+
+def test_packed_lengths_give_int32_boundaries_and_batch_rows_none() -> None:
+    cu = gdn_boundaries([6144, 0, 2048], "cpu")
+    assert cu.dtype == torch.int32 and cu.tolist() == [0, 6144, 6144, 8192]
+    assert gdn_boundaries(None, "cpu") is None

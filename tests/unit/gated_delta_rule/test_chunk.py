@@ -435,7 +435,6 @@ def test_packed_sequences_run_beside_the_prepare_pass_only_where_the_table_says(
                      "POLYKERNELS_GDN_CONCURRENT"):
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setattr(launch, "CONCURRENT_PAIRS_MIN_CHUNKS", 16)
-    launch._recipe.cache_clear()
     assert not _sm90_recipe(monkeypatch, 1, 8192, 2, 8, None, packed=8).concurrent  # the table's default: off
     monkeypatch.setattr(launch, "HOPPER_CONCURRENT_PACKED", True)
     eight = _sm90_recipe(monkeypatch, 1, 8192, 2, 8, None, packed=8)
@@ -450,7 +449,6 @@ def test_packed_sequences_run_beside_the_prepare_pass_only_where_the_table_says(
     assert flags.shape == (86 * 8 + 2,)  # a flag per slot and head, then the two counters
     assert five.sequential_programs == 5 * 8
     monkeypatch.setattr(launch, "CONCURRENT_PAIRS_MIN_CHUNKS", 17)  # 16 chunks on average: after the prepare pass
-    launch._recipe.cache_clear()
     assert not _sm90_recipe(monkeypatch, 1, 8192, 2, 8, None, packed=8).concurrent
     # Cut packed sequences keep the lead form after the prepare pass (its rates are for batch rows).
     cut = _sm90_recipe(monkeypatch, 1, 8192, 2, 8, None, packed=2)
@@ -496,7 +494,6 @@ def test_concurrent_prepare_takes_the_per_warp_inverse_where_dram_or_heads_allow
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setattr(platform, "dram_gbps", lambda device: dram_gbps)
     monkeypatch.setattr(launch, "HOPPER_WINDOWED_PAIRS", {})  # B1 rows: not cut into windowed pairs here
-    launch._recipe.cache_clear()
     recipe = _sm90_recipe(monkeypatch, 1, 32768, heads, 32, None)
     assert recipe.concurrent and recipe.prepare_meta["CONCURRENT"]
     assert recipe.prepare_meta["WARP_BLOCKS"] is per_warp
@@ -1298,7 +1295,6 @@ def test_gpu_packed_sequences_beside_the_prepare_pass_match_them_one_after_the_o
         pytest.skip("on this GPU one tile per program leaves half the SMs, or the pairs do not")
     monkeypatch.setattr(launch, "HOPPER_CONCURRENT_PACKED", True)
     monkeypatch.setattr(launch, "CONCURRENT_PAIRS_MIN_CHUNKS", 1)
-    launch._recipe.cache_clear()
     launch.forget_launchers()
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=gpu_device)
     inputs = make_inputs(1, sum(lengths), 2, value_heads, 128, 128, torch.bfloat16, device=gpu_device)

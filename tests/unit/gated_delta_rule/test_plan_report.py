@@ -17,12 +17,11 @@ from polykernels.gated_delta_rule.plan_report import GdnShape
 @pytest.fixture
 def gluon_release(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The Gluon passes' Triton release, whatever this host has (the H200's plan is what is asked for); recipes
-    cached under another release are dropped before and after."""
+    cached under another release are dropped before and after (each assignment to launch, and its undoing, drops
+    them)."""
     monkeypatch.setattr(launch, "_triton_release", lambda: "3.6")
     monkeypatch.setattr(launch, "SEGMENT_WINDOWS", False)  # the lead form's plans (the windows' test sets it)
-    launch._recipe.cache_clear()
     yield
-    launch._recipe.cache_clear()
 
 
 def _h200(shape: GdnShape) -> dict[str, object]:
