@@ -41,7 +41,8 @@ CONCURRENT_MIN_CHUNKS = 128
 # The same for the pairs beside the prepare pass (plan_segments' concurrent_pairs). Against the form after the
 # prepare pass (one-tile programs or pairs) on an H100: B8 T1024 2/8 -7.4%, B8 T2048 -14.3%, B8 T4096 -18.1%
 # (the same under slowly decaying gates), B8 T6144 2/8 -18.8%, B4 T2048 4/16 -14.1%, B2 T4096 8/32 -17.8%,
-# B16 T1024 2/4 -12.5% (BENCHMARKS.md, "forty-first set"). Shorter sequences were not measured.
+# B16 T1024 2/4 -12.5% (BENCHMARKS.md, "forty-first set"). From 8 chunks (B8 T512 2/8, B4 T512 4/16): +17% on an
+# H200 (forty-second set).
 CONCURRENT_PAIRS_MIN_CHUNKS = 16
 WHOLE_SEQUENCE = 2**34  # chunks per segment when a sequence is not cut: more than any sequence has
 
