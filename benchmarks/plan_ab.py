@@ -14,6 +14,7 @@ plan's own count).
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -23,8 +24,6 @@ from benchmarks.registry import GDN_GATES, gdn_shape
 
 def parse_values(text: str) -> tuple[str, list[object]]:
     """``NAME=V1,V2,...`` (each value a Python literal) -> (NAME, [V1, V2, ...])."""
-    import ast
-
     name, _, values = text.partition("=")
     if not name.isidentifier() or not values:
         raise argparse.ArgumentTypeError(f"--set expects NAME=V1,V2,... got {text!r}")

@@ -18,3 +18,9 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     if t.dtype in (torch.float16, torch.bfloat16):
         return t.view(torch.int16)
     return t
+
+
+def boundaries(lengths: list[int], device: str | torch.device = "cpu",
+               dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    """Packed sequences' ``cu_seqlens`` from their lengths (int64, as torch makes them, unless told)."""
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=device, dtype=dtype)

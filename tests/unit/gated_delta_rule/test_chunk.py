@@ -15,7 +15,7 @@ from polykernels.gated_delta_rule import (
 )
 from polykernels.gated_delta_rule.kernels import _chunk_span, _flag_slots, _ready_slot
 from polykernels.gated_delta_rule.launch import LeadRates, launch_chunk_gated_delta_rule
-from tests.helpers import relative_rms_error
+from tests.helpers import boundaries, relative_rms_error
 
 BOUND = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 5e-3}
 
@@ -113,7 +113,7 @@ def test_triton_kernels_l2norm_in_kernel() -> None:
 @pytest.mark.cpu_only
 def test_triton_kernels_varlen_mixed_lengths() -> None:
     lengths = [1, 63, 0, 64, 65, 1]
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    cu = boundaries(lengths)
     dtype = torch.float32
     inputs = make_inputs(1, int(cu[-1]), 1, 2, 32, 32, dtype)
     check_against_naive(launch_chunk_gated_delta_rule, inputs, dtype, initial=True, cu_seqlens=cu,
@@ -139,7 +139,7 @@ def test_triton_context_parallel_segments_match_naive(batch: int, tokens: int, s
 def test_triton_varlen_sequences_split_independently(lengths: list[int]) -> None:
     # Chunk and segment slots come from the boundaries alone (kernels._sequence_of): empty sequences
     # still get their one segment (the final state is the initial one), whole-chunk ends leave a slot free.
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    cu = boundaries(lengths)
     dtype = torch.float32
     inputs = make_inputs(1, int(cu[-1]), 1, 2, 32, 32, dtype)
 
@@ -211,7 +211,7 @@ def test_prepare_programs_beside_the_chains_take_every_sequences_chunk_c_before_
     # take the slots as one row per sequence, column by column (kernels._ready_slot), over a grid rounded up to
     # whole rows. Every slot once; batch rows and packed sequences of one length in the chains' order (packed
     # sequences of mixed lengths span rows: every chunk still taken once).
-    cu = None if lengths is None else torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    cu = None if lengths is None else boundaries(lengths)
     taken = _prepare_order(cu, batch, tokens)
     sequences = batch if lengths is None else len(lengths)
     chunks = [-(-length // 64) for length in (lengths or [tokens] * batch)]
@@ -992,7 +992,7 @@ def test_gpu_keys_pointing_one_way(gpu_device: str, monkeypatch: pytest.MonkeyPa
 @pytest.mark.gpu
 def test_gpu_varlen_and_l2norm(gpu_device: str) -> None:
     lengths = [1, 63, 0, 64, 65, 1, 300]
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=gpu_device)
+    cu = boundaries(lengths, gpu_device)
     inputs = make_inputs(1, int(cu[-1]), 2, 4, 128, 128, torch.bfloat16, device=gpu_device, l2norm_outside=False)
     check_against_naive(launch_chunk_gated_delta_rule, inputs, torch.bfloat16, initial=True, cu_seqlens=cu,
                         l2norm=True, num_seqs=len(lengths))
@@ -1098,7 +1098,7 @@ def test_gpu_hopper_pass_matches_the_portable_pass(gpu_device: str, monkeypatch:
     inputs = make_inputs(1, tokens, 2, 4, key_dim, value_dim, dtype, device=gpu_device)
     if mid_row:
         inputs = (_starting_mid_row(inputs[0]), _starting_mid_row(inputs[1]), *inputs[2:])
-    cu = None if lengths is None else torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=gpu_device)
+    cu = None if lengths is None else boundaries(lengths, gpu_device)
     num_seqs = 1 if lengths is None else len(lengths)
     h0 = torch.randn(num_seqs, 4, key_dim, value_dim, device=gpu_device)
 
@@ -1296,7 +1296,7 @@ def test_gpu_packed_sequences_beside_the_prepare_pass_match_them_one_after_the_o
     monkeypatch.setattr(launch, "HOPPER_CONCURRENT_PACKED", True)
     monkeypatch.setattr(launch, "CONCURRENT_PAIRS_MIN_CHUNKS", 1)
     launch.forget_launchers()
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=gpu_device)
+    cu = boundaries(lengths, gpu_device, torch.int32)
     inputs = make_inputs(1, sum(lengths), 2, value_heads, 128, 128, torch.bfloat16, device=gpu_device)
     h0 = torch.randn(len(lengths), value_heads, 128, 128, device=gpu_device)
     try:
@@ -1328,7 +1328,7 @@ def test_gpu_pairs_forming_the_scores_match_the_stored_scores(gpu_device: str, m
     launch._recipe.cache_clear()
     launch.forget_launchers()
     inputs = make_inputs(batch, tokens, 4, 8, 128, 128, dtype, device=gpu_device)
-    cu = None if lengths is None else torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=gpu_device)
+    cu = None if lengths is None else boundaries(lengths, gpu_device)
     num_seqs = batch if lengths is None else len(lengths)
     h0 = torch.randn(num_seqs, 8, 128, 128, device=gpu_device)
     recipe = launch._recipe(inputs[0].shape, inputs[2].shape, dtype, None if cu is None else cu.dtype, num_seqs, True,
@@ -1636,7 +1636,7 @@ def test_triton_segment_windows_of_packed_sequences(monkeypatch: pytest.MonkeyPa
     # Packed sequences of 1500, 700 (one segment: none to hand on), 37 and 2900 tokens in segments of 12 chunks.
     lengths = [1500, 700, 37, 2900]
     inputs = _steady_gates(make_inputs(1, sum(lengths), 1, 2, 16, 16, torch.float32), -0.06)
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    cu = boundaries(lengths)
     (windowed, kept), (whole, full) = _windowed_and_whole(monkeypatch, inputs, 3, cu=cu)
     assert bool((kept == 0).any()) and not torch.equal(kept, full)
     _no_further_from_the_recurrence(windowed, whole, inputs, 0.25, cu=cu, slack=1e-7)
@@ -1733,7 +1733,7 @@ def test_gpu_segment_windows_of_packed_sequences(gpu_device: str, monkeypatch: p
     _needs_register_state_passes(gpu_device)
     lengths = [6144, 2048]
     inputs = make_inputs(1, sum(lengths), 2, 8, 128, 128, torch.bfloat16, device=gpu_device)
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=gpu_device, dtype=torch.int32)
+    cu = boundaries(lengths, gpu_device, torch.int32)
     h0 = torch.randn(2, 8, 128, 128, device=gpu_device) if initial else None
     (windowed, kept), (whole, _) = _windowed_and_whole(monkeypatch, inputs, None, h0, cu=cu)
     # Slots (kernels._first_slot): the first sequence's six segments 0-5, the second's two 7-8; each last none.
@@ -2085,7 +2085,7 @@ def test_gpu_hopper_prepare_matches_the_triton_prepare(gpu_device: str, monkeypa
     inputs = make_inputs(1, tokens, 2, 4, key_dim, value_dim, dtype, device=gpu_device, l2norm_outside=not l2norm)
     if l2norm is None:
         inputs, l2norm = (*inputs[:2], _starting_mid_row(inputs[2]), *inputs[3:]), False
-    cu = None if lengths is None else torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device=gpu_device)
+    cu = None if lengths is None else boundaries(lengths, gpu_device)
     num_seqs = 1 if lengths is None else len(lengths)
     h0 = torch.randn(num_seqs, 4, key_dim, value_dim, device=gpu_device)
 
