@@ -57,3 +57,21 @@ def test_an_export_without_stall_samples_says_how_to_take_one() -> None:
     text = '"Kernel Name","k",\n"Address","Source","Instructions Executed"\n"0x10","NOP","4"'
     with pytest.raises(ValueError, match="--set full"):
         parse(_rows(text))
+
+
+def test_spans_cut_the_kernel_at_each_wait_in_program_order() -> None:
+    text = "\n".join([
+        '"Kernel Name","gdn_recurrence_kernel",', _HEADER,
+        '"0x10","LDGSTS.E.BYPASS.128 [R114], desc[UR48][R4.64], !P6","2","0","2","0","0"',
+        '"0x20","BAR.SYNC.DEFER_BLOCKING 0x0","8","8","0","0","0"',
+        '"0x30","LDS.64 R134, [R6+0x28220]","40","0","40","0","0"',
+        '"0x40","@P1 WARPGROUP.DEPBAR.LE gsb0, 0x0","10","0","0","10","0"',
+        '"0x50","FMUL R4, R4, R1","3","0","1","2","0"',
+    ])
+    (kernel,) = parse(_rows(text))
+    assert [(span.first, span.wait, span.instructions, span.samples) for span in kernel.spans] == [
+        ("LDGSTS.E.BYPASS.128 [R114], desc[UR48][R4.64], !P6", "BAR.SYNC.DEFER_BLOCKING 0x0", 2, 10),
+        ("LDS.64 R134, [R6+0x28220]", "@P1 WARPGROUP.DEPBAR.LE gsb0, 0x0", 2, 50),
+        ("FMUL R4, R4, R1", "FMUL R4, R4, R1", 1, 3),  # the kernel's end closes the last span
+    ]
+    assert kernel.spans[1].reasons == (("stall_long_sb", 40), ("stall_wait", 10))
