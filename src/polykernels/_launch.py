@@ -73,7 +73,7 @@ class Launcher:
 
     def __call__(self, grid: tuple[int, ...], args: Sequence[object], meta: Mapping[str, object], *,
                  spec_key: Hashable | None = None, tensors: Callable[[], Sequence[object]] | None = None,
-                 device: int | None = None) -> None:
+                 device: int | None = None, scratch: int | None = None) -> None:
         """``spec_key``: the caller's own key for everything Triton specializes on in ``args`` and
         ``meta`` (every dtype, integer class, 16-byte alignment and constexpr must be a function of
         it), built from what the caller has at hand; without it the key is derived from every
@@ -86,18 +86,32 @@ class Launcher:
 
         ``device``: the index of the GPU the arguments live on, when it may not be the current one
         (a model split over GPUs in one process, no ``torch.cuda.set_device``): the kernel is then
-        compiled for and launched on that GPU, under its device guard, not on the current one."""
+        compiled for and launched on that GPU, under its device guard, not on the current one.
+
+        ``scratch``: the address of the kernel's global scratch (Triton's, for the tensor descriptors a kernel
+        makes on the device: ``Launcher.scratch_bytes`` a program), for a kernel that needs it; such a kernel is
+        compiled without a launch, then always launched directly (Triton's own launch would allocate the scratch
+        through an allocator the library does not set), launch hooks or not."""
         if self._interpreted:
             self.kernel[grid](*(tensors() if tensors is not None else args), **meta)
             return
         current = torch._C._cuda_getDevice()
         if device is not None and device != current:
             with torch.cuda.device(device):
-                self(grid, args, meta, spec_key=spec_key, tensors=tensors)
+                self(grid, args, meta, spec_key=spec_key, tensors=tensors, scratch=scratch)
             return
         device = current
         key = _spec_entry(device, spec_key) if spec_key is not None else (device, *meta.values(), _args_key(args))
         direct = self._compiled.get(key)
+        if scratch is not None:
+            if spec_key is None or tensors is None:
+                raise ValueError("a launch with global scratch must pass spec_key and tensors")
+            if direct is None:
+                self.warm(grid, meta, spec_key=spec_key, tensors=tensors)
+                direct = self._compiled[key]
+            grid3 = (*grid, 1, 1)
+            direct(grid3[0], grid3[1], grid3[2], torch._C._cuda_getCurrentRawStream(device), (*args, scratch))
+            return
         if direct is not None and no_launch_hooks():
             grid3 = (*grid, 1, 1)
             direct(grid3[0], grid3[1], grid3[2], torch._C._cuda_getCurrentRawStream(device), args)
@@ -133,12 +147,18 @@ class Launcher:
         ``call(grid_x, grid_y, grid_z, stream, args)`` (``benchmarks.host_path`` times it alone)."""
         return self._compiled.get(_spec_entry(torch._C._cuda_getDevice(), spec_key))
 
+    def scratch_bytes(self, spec_key: Hashable) -> int:
+        """The global scratch a program of the kernel kept for ``spec_key`` needs (0: none, or not compiled)."""
+        compiled = self._kernels.get(_spec_entry(torch._C._cuda_getDevice(), spec_key))
+        return int(getattr(getattr(compiled, "run", None), "global_scratch_size", 0) or 0)
+
     def described(self, spec_key: Hashable) -> KernelLaunch | None:
         """What the driver needs to launch the kernel kept for ``spec_key`` on the current device
         (``polykernels._programs`` records it), None before its first call or where that launch
-        needs more than a plain driver launch: scratch memory, clusters, cooperative launches,
-        tensor descriptors, or a launcher other than CUDA's. A programmatic-dependent launch is
-        described, as ``dependent``."""
+        needs more than a plain driver launch: profile scratch, clusters, cooperative launches,
+        tensor descriptors as arguments, or a launcher other than CUDA's. A programmatic-dependent launch
+        is described, as ``dependent``; a kernel that takes global scratch, with its ``scratch_bytes``
+        a program (its launch passes the scratch's address after the kernel's own arguments)."""
         compiled = self._kernels.get(_spec_entry(torch._C._cuda_getDevice(), spec_key))
         return None if compiled is None else _plain_launch(compiled, dependent_allowed=True)
 
@@ -186,6 +206,9 @@ class KernelLaunch:
     shared_bytes: int
     types: tuple[str, ...]
     dependent: bool = False  # launched as the previous launch's programmatic dependent (launch_pdl)
+    # Triton's global scratch a program takes (device-side tensor descriptors): its address follows the
+    # kernel's own parameters, where the driver reads the scratch slot (0: the slot gets null).
+    scratch_bytes: int = 0
 
 
 def _spec_entry(device: int, spec_key: Hashable) -> tuple:
@@ -200,7 +223,8 @@ def _plain_launch(compiled: Any, dependent_allowed: bool = False) -> KernelLaunc
     Python launch does not)."""
     run, metadata = compiled.run, compiled.metadata
     dependent = bool(getattr(run, "launch_pdl", True))
-    plain = (type(run).__name__ == "CudaLauncher" and getattr(run, "global_scratch_size", 1) == 0
+    scratch = getattr(run, "global_scratch_size", None)
+    plain = (type(run).__name__ == "CudaLauncher" and isinstance(scratch, int)
              and getattr(run, "profile_scratch_size", 1) == 0 and getattr(metadata, "num_ctas", 1) == 1
              and not getattr(run, "launch_cooperative_grid", True) and (dependent_allowed or not dependent))
     types = tuple(compiled.src.signature.values())
@@ -208,7 +232,7 @@ def _plain_launch(compiled: Any, dependent_allowed: bool = False) -> KernelLaunc
         return None
     num_warps, _, shared = compiled.packed_metadata
     return KernelLaunch(function=compiled.function, threads=32 * num_warps, shared_bytes=shared, types=types,
-                        dependent=dependent)
+                        dependent=dependent, scratch_bytes=scratch)
 
 
 def parameter_kinds(types: Sequence[str], num_args: int) -> bytes | None:
@@ -261,6 +285,8 @@ def native_direct_launch(compiled: Any, num_args: int) -> Callable[..., None] | 
     kinds = parameter_kinds(plain.types, num_args) if plain is not None else None
     if kinds is None:
         return None
+    if plain.scratch_bytes:  # the scratch's address, the caller's last argument, in the driver's scratch slot
+        kinds += b"p"
     return functools.partial(native.launch, native.kernel(plain.function, plain.threads, plain.shared_bytes, kinds))
 
 
@@ -277,13 +303,22 @@ def triton_direct_launch(compiled: Any, constexpr_tail: tuple) -> Callable[..., 
     run, function, metadata = compiled.run, compiled.function, compiled.packed_metadata
     launch = getattr(run, "launch", None)
     direct = (type(run).__name__ == "CudaLauncher" and launch is not None
-              and getattr(run, "global_scratch_size", 1) == 0 and getattr(run, "profile_scratch_size", 1) == 0)
-    if direct:
+              and isinstance(getattr(run, "global_scratch_size", None), int)
+              and getattr(run, "profile_scratch_size", 1) == 0)
+    if direct and run.global_scratch_size:  # the caller's last argument: the scratch's address
+        flags = (run.launch_cooperative_grid, run.launch_pdl)
+
+        def call(grid_x: int, grid_y: int, grid_z: int, stream: int, args: Sequence[object]) -> None:
+            launch(grid_x, grid_y, grid_z, stream, function, *flags, args[-1], None, metadata, None, None, None,
+                   *[arg.data_ptr() if type(arg) is torch.Tensor else arg for arg in args[:-1]], *constexpr_tail)
+    elif direct:
         flags = (run.launch_cooperative_grid, run.launch_pdl, None, None)
 
         def call(grid_x: int, grid_y: int, grid_z: int, stream: int, args: Sequence[object]) -> None:
             launch(grid_x, grid_y, grid_z, stream, function, *flags, metadata, None, None, None,
                    *[arg.data_ptr() if type(arg) is torch.Tensor else arg for arg in args], *constexpr_tail)
+    elif getattr(run, "global_scratch_size", 0):
+        raise RuntimeError(f"a kernel with global scratch needs Triton's CUDA launcher, got {type(run).__name__}")
     else:
         def call(grid_x: int, grid_y: int, grid_z: int, stream: int, args: Sequence[object]) -> None:
             run(grid_x, grid_y, grid_z, stream, function, metadata, None, None, None, *args, *constexpr_tail)

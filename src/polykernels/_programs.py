@@ -14,11 +14,12 @@ starting at zero), and a launch may be its predecessor's programmatic dependent 
 compiled with ``launch_pdl``): it starts once every program of the launch before it has said so,
 and runs beside it.
 
-Only plain launches are recorded (``Launcher.described``): NVIDIA's launcher, no scratch memory,
-no clusters. A class that is never recorded (its call clones or converts an input first) pays one
-lookup per call before the checked path: the op call, about 10 us on the H200's host. ROCm builds
-compile the replay but do not record yet: no AMD GPU has run it. ``POLYKERNELS_LAUNCH_PROGRAMS=0``
-turns replay off (every call takes the Python path).
+Only plain launches are recorded (``Launcher.described``): NVIDIA's launcher, no profile scratch,
+no clusters; a kernel that takes global scratch (device-side tensor descriptors) only with a part of
+an output for it (``Step.scratch``). A class that is never recorded (its call clones or converts an
+input first) pays one lookup per call before the checked path: the op call, about 10 us on the H200's
+host. ROCm builds compile the replay but do not record yet: no AMD GPU has run it.
+``POLYKERNELS_LAUNCH_PROGRAMS=0`` turns replay off (every call takes the Python path).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class Step(NamedTuple):
     grid: tuple[int, ...]
     args: Sequence[object]  # tensors, ints, floats, OutputPart and Scalar markers
     spec_key: object
+    scratch: OutputPart | None = None  # the kernel's global scratch, where it takes some (Launcher.scratch_bytes)
 
 
 @dataclass(frozen=True)
@@ -147,6 +149,10 @@ def _encode(step: Step, tensors: Sequence[torch.Tensor | None], outputs: Sequenc
         if encoded is None:
             return None
         parameters += encoded
+    if kernel.scratch_bytes:  # its address after the kernel's own parameters: the driver's scratch slot
+        if step.scratch is None:
+            return None
+        parameters += [_OUTPUT, step.scratch.slot, step.scratch.offset]
     grid = (*step.grid, 1, 1)[:3]
     return [kernel.function, *grid, kernel.threads, kernel.shared_bytes, len(parameters) // 3, *parameters]
 

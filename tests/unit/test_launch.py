@@ -249,14 +249,73 @@ class _OtherLauncher:
         self.python_calls.append(args)
 
 
-@pytest.mark.parametrize("make", [lambda: CudaLauncher(scratch=256), _OtherLauncher], ids=["scratch", "other"])
-def test_any_other_launch_goes_through_the_launchers_own_call(make: Callable[[], object]) -> None:
+def test_any_other_launch_goes_through_the_launchers_own_call() -> None:
     from polykernels._launch import triton_direct_launch
 
-    run = make()
+    run = _OtherLauncher()
     x = torch.arange(4.0)
     triton_direct_launch(_compiled(run), (64,))(2, 1, 1, 77, (x, 5))
     assert run.python_calls == [(2, 1, 1, 77, 1234, (4, 1, 0), None, None, None, x, 5, 64)]
+
+
+def test_a_kernel_with_global_scratch_gets_the_callers_address_in_the_scratch_slot() -> None:
+    from polykernels._launch import triton_direct_launch
+
+    run = CudaLauncher(scratch=1024)
+    x = torch.arange(4.0)
+    triton_direct_launch(_compiled(run), (64,))(2, 1, 1, 77, (x, 5, 0xBEEF00))  # the scratch: the last argument
+    assert run.python_calls == []  # Triton's own call would allocate it through an allocator the library never sets
+    assert run.c_calls == [(2, 1, 1, 77, 1234, False, True, 0xBEEF00, None, (4, 1, 0), None, None, None,
+                            x.data_ptr(), 5, 64)]
+    other = _OtherLauncher()
+    other.global_scratch_size = 1024
+    with pytest.raises(RuntimeError, match="global scratch needs Triton's CUDA launcher, got _OtherLauncher"):
+        triton_direct_launch(_compiled(other), (64,))
+
+
+def test_a_launch_with_global_scratch_compiles_without_launching_then_launches_directly(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    run = CudaLauncher(scratch=1024)
+    warmed: list[tuple] = []
+
+    class _CompilingKernel:
+        arg_names, constexprs = ["x"], []
+
+        def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., SimpleNamespace]:
+            raise AssertionError("a kernel with global scratch must not take Triton's own launch")
+
+        def warmup(self, *args: object, grid: tuple[int, ...], **meta: object) -> SimpleNamespace:
+            warmed.append(args)
+            return _compiled(run)
+
+    launcher = Launcher(_CompilingKernel())
+    launcher._interpreted = False
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 77, raising=False)
+    for x in (7, 8):
+        launcher((2,), (x,), {"num_stages": 1}, spec_key="spec", tensors=lambda x=x: (x,), scratch=0xF00)
+    assert warmed == [(7,)]  # compiled once
+    assert [call[7] for call in run.c_calls] == [0xF00, 0xF00] and [call[-1] for call in run.c_calls] == [7, 8]
+    assert launcher.scratch_bytes("spec") == 1024 and launcher.scratch_bytes("other") == 0
+    with pytest.raises(ValueError, match="global scratch must pass spec_key and tensors"):
+        launcher((2,), (7,), {"num_stages": 1}, scratch=0xF00)
+
+
+def test_a_kernel_with_global_scratch_is_described_with_its_bytes_a_program() -> None:
+    from polykernels._launch import _plain_launch
+
+    def compiled(scratch: int | None, profile: int = 0) -> SimpleNamespace:
+        run = CudaLauncher(scratch=scratch)
+        run.profile_scratch_size = profile
+        return SimpleNamespace(run=run, function=1234, packed_metadata=(8, 1, 4096),
+                               metadata=SimpleNamespace(num_ctas=1),
+                               src=SimpleNamespace(signature={"x": "*fp32", "n": "i32"}))
+
+    described = _plain_launch(compiled(1024), dependent_allowed=True)
+    assert described is not None and (described.scratch_bytes, described.threads, described.dependent) == (1024, 256,
+                                                                                                          True)
+    assert _plain_launch(compiled(0), dependent_allowed=True).scratch_bytes == 0
+    assert _plain_launch(compiled(0, profile=64), dependent_allowed=True) is None  # profile scratch: not plain
 
 
 def test_forget_launchers_drops_every_gated_delta_rule_launcher() -> None:

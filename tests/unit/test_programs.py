@@ -22,9 +22,10 @@ from polykernels.gated_delta_rule import chunk_gated_delta_rule, launch
 class _DescribedLauncher(Launcher):
     """A Launcher whose compiled kernel is described without compiling one."""
 
-    def __init__(self, types: tuple[str, ...], dependent: bool = False) -> None:
+    def __init__(self, types: tuple[str, ...], dependent: bool = False, scratch_bytes: int = 0) -> None:
         self.kernel, self._compiled, self._kernels = None, {}, {}
-        self._described = KernelLaunch(function=0xABC, threads=128, shared_bytes=4096, types=types, dependent=dependent)
+        self._described = KernelLaunch(function=0xABC, threads=128, shared_bytes=4096, types=types, dependent=dependent,
+                                       scratch_bytes=scratch_bytes)
 
     def described(self, spec_key: object) -> KernelLaunch | None:
         return self._described
@@ -59,6 +60,15 @@ def test_a_launch_encodes_its_kernel_grid_and_runtime_parameters() -> None:
     assert code == [0xABC, 3, 2, 1, 128, 4096, 4,
                     _programs._INPUT, 0, 0, _programs._CONSTANT, 8, 0, _programs._OUTPUT, 0, 0,
                     _programs._SCALAR_F32, 0, 0]
+
+
+def test_a_kernel_with_global_scratch_takes_its_address_after_its_own_parameters() -> None:
+    x, out = torch.zeros(8), torch.zeros(8)
+    launcher = _DescribedLauncher(("*fp32", "constexpr"), scratch_bytes=1024)
+    code = _encode(Step(launcher, (4,), (x, 1), "key", OutputPart(0, 2048)), [x], [out], ())
+    # The driver reads the parameter after the kernel's own as its global scratch (csrc/launch/driver.h).
+    assert code == [0xABC, 4, 1, 1, 128, 4096, 2, _programs._INPUT, 0, 0, _programs._OUTPUT, 0, 2048]
+    assert _encode(Step(launcher, (4,), (x, 1), "key"), [x], [out], ()) is None  # no part for it: not recorded
 
 
 def test_every_step_leads_with_its_kind() -> None:

@@ -34,6 +34,10 @@ per token (``_scores``), not copied in: on an H100 at B8 T4096 32/32 the op 4.5%
 the segment-state pass in this order without outputs (FROM_V with SEGMENT_STATE and SEGMENT_WINDOW: no q, P or o;
 a transition program's v reads 0), then the pairs with AFTER_WINDOWS, each scanning back to the last window
 (``hopper_scan_kernels``, one buffer per step at their 128 columns). w's factor of k comes in through WS_ptr.
+Where those pairs form P their tiles of T, k, q and v come in by TMA (launch.HOPPER_PAIRS_TMA, TMA here): one copy
+instruction a tile from one thread, where cp.async took 14 instructions a thread whose burst held up the loads on
+the state's path in the shared-memory queue (BENCHMARKS.md, "forty-third set"); each program's descriptors live in
+Triton's global scratch, a part of the op's workspace.
 A v row that is not finite is seen by nothing before the pairs (the prepare pass does not read v in this form):
 it reaches the rest of its segment, and a later segment only through a window it lies in (the spec's causality
 holds either way).
@@ -77,6 +81,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     async_copy,
     fence_async_shared,
+    mbarrier,
+    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
@@ -167,6 +173,13 @@ def _copy_chunk_from_v(chunk_start, end, stage, i_h, i_hv, col0, v_limit, Q_ptr,
         _copy_tile(q_s.index(stage), Q_ptr + qk_chunk, chunk_start, end, 0, K, H * K, BT, BK, False, True)
     if OUTPUTS and not SCORES:
         _copy_tile(p_s.index(stage), P_ptr + row_of * BT, chunk_start, end, 0, BT, HV * BT, BT, BT, False, True)
+    _copy_scales_from_v(chunk_start, end, stage, i_hv, P_ptr, QS_ptr, KS_ptr, WS_ptr, scales_s, HV, BT, SCORES)
+
+
+@gluon.jit
+def _copy_scales_from_v(chunk_start, end, stage, i_hv, P_ptr, QS_ptr, KS_ptr, WS_ptr, scales_s, HV: gl.constexpr,
+                        BT: gl.constexpr, SCORES: gl.constexpr):
+    """The FROM_V form's per-token scales of a chunk (``_copy_chunk_from_v``), then the chunk's cp.async group."""
     layout: gl.constexpr = _vector_layout(gl.num_warps())
     i = gl.arange(0, 2 * BT, layout=layout)
     token = i % BT
@@ -180,6 +193,75 @@ def _copy_chunk_from_v(chunk_start, end, stage, i_h, i_hv, col0, v_limit, Q_ptr,
         async_copy.async_copy_global_to_shared(scales_s.index(stage).slice(4 * BT, 2 * BT),
                                                P_ptr + offsets * 2 + (i >= BT).to(gl.int32), inside)
     async_copy.commit_group()
+
+
+@gluon.jit
+def _tile_descriptors(start, end, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_ptr, H: gl.constexpr, HV: gl.constexpr,
+                      K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr):
+    """TMA descriptors of the program's T, k, q and v rows from ``start``: rows from ``end`` on read 0, as the
+    masked cp.async copies read them (at least one row: a program that runs no chunk copies nothing)."""
+    rows = gl.maximum((end - start).to(gl.int32), 1)
+    t_desc = tma.make_tensor_descriptor(T_ptr + (start * HV + i_hv) * BT, [rows, BT], [HV * BT, 1], [BT, BT],
+                                        _smem_layout(BT, BT))
+    k_desc = tma.make_tensor_descriptor(K_ptr + (start * H + i_h) * K, [rows, K], [H * K, 1], [BT, BK],
+                                        _smem_layout(BT, BK))
+    q_desc = tma.make_tensor_descriptor(Q_ptr + (start * H + i_h) * K, [rows, K], [H * K, 1], [BT, BK],
+                                        _smem_layout(BT, BK))
+    v_desc = tma.make_tensor_descriptor(V_ptr + (start * HV + i_hv) * V + col0, [rows, BV], [HV * V, 1], [BT, BV],
+                                        _smem_layout(BT, BV))
+    return t_desc, k_desc, q_desc, v_desc
+
+
+@gluon.jit
+def _copy_chunk_tma(j, stage, ready, descriptors, t_s, k_s, q_s, v_s, BT: gl.constexpr, pred):
+    """The program's chunk ``j`` (from its first) of T, k, q and v into stage ``stage`` by TMA, each tile counted on
+    its own barrier (``ready``: one allocation per tile, so the compiler puts one thread barrier between the four
+    expects and the four copies, not one before each): a few copies issued by one thread each where cp.async took
+    14 instructions per thread."""
+    t_desc, k_desc, q_desc, v_desc = descriptors
+    t_ready, k_ready, q_ready, v_ready = ready
+    mbarrier.expect(t_ready.index(stage), t_desc.block_type.nbytes, pred=pred)
+    mbarrier.expect(k_ready.index(stage), k_desc.block_type.nbytes, pred=pred)
+    mbarrier.expect(q_ready.index(stage), q_desc.block_type.nbytes, pred=pred)
+    mbarrier.expect(v_ready.index(stage), v_desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(t_desc, [j * BT, 0], t_ready.index(stage), t_s.index(stage), pred=pred)
+    tma.async_copy_global_to_shared(k_desc, [j * BT, 0], k_ready.index(stage), k_s.index(stage), pred=pred)
+    tma.async_copy_global_to_shared(q_desc, [j * BT, 0], q_ready.index(stage), q_s.index(stage), pred=pred)
+    tma.async_copy_global_to_shared(v_desc, [j * BT, 0], v_ready.index(stage), v_s.index(stage), pred=pred)
+
+
+@gluon.jit
+def _tile_barriers(STAGES: gl.constexpr):
+    """One mbarrier per stage for each of the four tiles TMA copies, initialized."""
+    t_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(t_ready.index(s), count=1)
+        mbarrier.init(k_ready.index(s), count=1)
+        mbarrier.init(q_ready.index(s), count=1)
+        mbarrier.init(v_ready.index(s), count=1)
+    fence_async_shared()
+    return t_ready, k_ready, q_ready, v_ready
+
+
+@gluon.jit
+def _await_tiles(ready, stage, phase):
+    """Waits until stage ``stage``'s four tiles are in (``phase``: how many times the stage has filled, mod 2)."""
+    t_ready, k_ready, q_ready, v_ready = ready
+    mbarrier.wait(t_ready.index(stage), phase)
+    mbarrier.wait(k_ready.index(stage), phase)
+    mbarrier.wait(q_ready.index(stage), phase)
+    mbarrier.wait(v_ready.index(stage), phase)
+
+
+@gluon.jit
+def _forget_tile_barriers(ready, STAGES: gl.constexpr):
+    """Invalidates the tile barriers (no copy is in flight: none was issued past the last chunk)."""
+    for s in gl.static_range(STAGES):
+        for b in gl.static_range(4):
+            mbarrier.invalidate(ready[b].index(s))
 
 
 @gluon.jit
@@ -295,7 +377,8 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, v_limit, Q_ptr, K_ptr, T_
                    WS_ptr, DECAY_ptr, O_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, out_s, H: gl.constexpr,
                    HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
                    BV: gl.constexpr, STAGES: gl.constexpr, CHECKED: gl.constexpr, state_l: gl.constexpr,
-                   chunk_l: gl.constexpr, flags, AWAIT: gl.constexpr, SCORES: gl.constexpr, OUTPUTS: gl.constexpr):
+                   chunk_l: gl.constexpr, flags, AWAIT: gl.constexpr, SCORES: gl.constexpr, OUTPUTS: gl.constexpr,
+                   TMA: gl.constexpr = False):
     """FlashInfer's order of the chain: v_new^T = (v^T - (k h)^T diag(ws)) T^T, three products on
     the state's path (k h, T, the update), with q h and P behind them (launch.HOPPER_PAIRS_FROM_V).
     CHECKED: each chunk's v and k rows from the first non-finite one are zeroed, and that row's outputs
@@ -305,7 +388,8 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, v_limit, Q_ptr, K_ptr, T_
     issued first, scaled in the shadow of T's product and q h, and through shared memory to the output
     product (the prepare pass then neither forms nor stores it: BENCHMARKS.md, "thirty-seventh set").
     Without OUTPUTS (a windowed segment-state program) the state's path alone: no q, P, q h or o; v's
-    columns past ``v_limit`` read 0 (a transition program's)."""
+    columns past ``v_limit`` read 0 (a transition program's). TMA (the output pass forming P,
+    launch.HOPPER_PAIRS_TMA): T, k, q and v come in by TMA (``_copy_chunk_tma``), the scales by cp.async."""
     dtype: gl.constexpr = T_ptr.dtype.element_ty
     state_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=chunk_l, k_width=2)
     update_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=state_l, k_width=2)
@@ -313,15 +397,27 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, v_limit, Q_ptr, K_ptr, T_
     scores_l: gl.constexpr = _scores_layout(BT, gl.num_warps())
     chunks = ((end - start + BT - 1) // BT).to(gl.int32)
     last = gl.maximum(chunks - 1, 0)
+    if TMA:  # the tiles by TMA (one barrier per stage), the scales by cp.async
+        gl.static_assert(OUTPUTS and not AWAIT, "TMA: the output pass after the prepare pass")
+        ready = _tile_barriers(STAGES)
+        descriptors = _tile_descriptors(start, end, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_ptr, H, HV, K, V, BT, BK,
+                                        BV)
     for ahead in gl.static_range(STAGES - 1):
         if AWAIT:
             await_flag(flags + gl.minimum(ahead, last) * HV)
-        _copy_chunk_from_v(start + ahead * BT, end, ahead, i_h, i_hv, col0, v_limit, Q_ptr, K_ptr, T_ptr, V_ptr, P_ptr,
-                           QS_ptr, KS_ptr, WS_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, H, HV, K, V, BT, BK, BV, SCORES,
-                           OUTPUTS)
+        if TMA:
+            _copy_chunk_tma(ahead, ahead, ready, descriptors, t_s, k_s, q_s, v_s, BT, ahead < chunks)
+            _copy_scales_from_v(start + ahead * BT, end, ahead, i_hv, P_ptr, QS_ptr, KS_ptr, WS_ptr, scales_s, HV, BT,
+                                SCORES)
+        else:
+            _copy_chunk_from_v(start + ahead * BT, end, ahead, i_h, i_hv, col0, v_limit, Q_ptr, K_ptr, T_ptr, V_ptr,
+                               P_ptr, QS_ptr, KS_ptr, WS_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, H, HV, K, V, BT, BK,
+                               BV, SCORES, OUTPUTS)
     zero = gl.zeros([BV, BT], gl.float32, layout=chunk_l)
     for c in range(0, chunks):
         chunk_start, stage, decay = _chunk_in(c, start, DECAY_ptr, i_hv, HV, BT, STAGES)
+        if TMA:
+            _await_tiles(ready, stage, (c // STAGES) & 1)
         if CHECKED:  # NaN from the first non-finite v or k row on: the outputs (through q's scale), and the state
             first_bad = _clean_rows(v_s.index(stage), k_s.index(stage), BT, BV, BK)
             nan = gl.full([BT], _NAN_BITS, gl.int32, layout=tokens_of).to(gl.float32, bitcast=True)
@@ -335,9 +431,15 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, v_limit, Q_ptr, K_ptr, T_
         # While k h runs: the chunk STAGES - 1 ahead into the stage the previous chunk used.
         if AWAIT:
             await_flag(flags + gl.minimum(c + STAGES - 1, last) * HV)
-        _copy_chunk_from_v(chunk_start + (STAGES - 1) * BT, end, (c + STAGES - 1) % STAGES, i_h, i_hv, col0, v_limit,
-                           Q_ptr, K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr, KS_ptr, WS_ptr, t_s, k_s, q_s, p_s, v_s, scales_s,
-                           H, HV, K, V, BT, BK, BV, SCORES, OUTPUTS)
+        if TMA:
+            _copy_chunk_tma(c + STAGES - 1, (c + STAGES - 1) % STAGES, ready, descriptors, t_s, k_s, q_s, v_s, BT,
+                            c + STAGES - 1 < chunks)
+            _copy_scales_from_v(chunk_start + (STAGES - 1) * BT, end, (c + STAGES - 1) % STAGES, i_hv, P_ptr, QS_ptr,
+                                KS_ptr, WS_ptr, scales_s, HV, BT, SCORES)
+        else:
+            _copy_chunk_from_v(chunk_start + (STAGES - 1) * BT, end, (c + STAGES - 1) % STAGES, i_h, i_hv, col0,
+                               v_limit, Q_ptr, K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr, KS_ptr, WS_ptr, t_s, k_s, q_s, p_s,
+                               v_s, scales_s, H, HV, K, V, BT, BK, BV, SCORES, OUTPUTS)
         w_scale = scales_s.index(stage).slice(2 * BT, BT).load(tokens_of)
         v_t = v_s.index(stage).permute((1, 0)).load(chunk_l).to(gl.float32)
         if SCORES:  # q k^T was issued first: it is done before k h
@@ -365,6 +467,8 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, v_limit, Q_ptr, K_ptr, T_
         else:
             state = warpgroup_mma_wait(0, deps=(state,))
     async_copy.wait_group(0)
+    if TMA:
+        _forget_tile_barriers(ready, STAGES)
     if OUTPUTS:
         _store_last_output(O_ptr, out_s, chunks, start, end, i_hv, col0, HV, V, BT, BV)
     return state
@@ -380,6 +484,7 @@ def gdn_recurrence_hopper_rs_kernel(
     STAGES: gl.constexpr, AWAIT: gl.constexpr, FROM_V: gl.constexpr = False, LEAD: gl.constexpr = False,
     AFTER_LEAD: gl.constexpr = False, FIRST_TAKES_REST: gl.constexpr = False,
     SEGMENT_WINDOW: gl.constexpr = False, AFTER_WINDOWS: gl.constexpr = False, SCORES: gl.constexpr = False,
+    TMA: gl.constexpr = False,
 ):
     gl.static_assert(K == BK, "the Hopper pass takes whole K rows (K a power of two)")
     WARPS: gl.constexpr = gl.num_warps()
@@ -478,7 +583,7 @@ def gdn_recurrence_hopper_rs_kernel(
         t_s, k_s, q_s, p_s, v_s, scales_s, out_s = _from_v_stages(dtype, STAGES, BT, BK, BV, SCORES)
         state = _chunks_from_v(state, start, end, i_h, i_hv, col0, u_limit, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr,
                                KS_ptr, WS_ptr, DECAY_ptr, O_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, out_s, H, HV, K, V,
-                               BT, BK, BV, STAGES, False, state_l, chunk_l, flags, AWAIT, SCORES, OUTPUTS)
+                               BT, BK, BV, STAGES, False, state_l, chunk_l, flags, AWAIT, SCORES, OUTPUTS, TMA)
         # A non-finite v or k row reaches every row of T's product (0 x Inf), and from there the state:
         # the rare output program whose state ends non-finite runs again, checking each chunk's v and k rows
         # (a segment state ends non-finite either way). The entry state is formed again: held across the
@@ -496,7 +601,7 @@ def gdn_recurrence_hopper_rs_kernel(
                     state = _chunks_from_v(state, start, end, i_h, i_hv, col0, u_limit, Q_ptr, K_ptr, W_ptr, U_ptr,
                                            P_ptr, QS_ptr, KS_ptr, WS_ptr, DECAY_ptr, O_ptr, t2_s, k2_s, q2_s, p2_s,
                                            v2_s, scales2_s, out2_s, H, HV, K, V, BT, BK, BV, STAGES, True, state_l,
-                                           chunk_l, flags, AWAIT, SCORES, OUTPUTS)
+                                           chunk_l, flags, AWAIT, SCORES, OUTPUTS, TMA)
                 else:
                     if HAS_INITIAL:
                         state = gl.load(HINIT_ptr + (i_s * HV + i_hv) * K * V + tile, mask=tile_mask, other=0.0)
@@ -505,7 +610,7 @@ def gdn_recurrence_hopper_rs_kernel(
                     state = _chunks_from_v(state, start, end, i_h, i_hv, col0, u_limit, Q_ptr, K_ptr, W_ptr, U_ptr,
                                            P_ptr, QS_ptr, KS_ptr, WS_ptr, DECAY_ptr, O_ptr, t_s, k_s, q_s, p_s, v_s,
                                            scales_s, out_s, H, HV, K, V, BT, BK, BV, STAGES, True, state_l, chunk_l,
-                                           flags, AWAIT, SCORES, OUTPUTS)
+                                           flags, AWAIT, SCORES, OUTPUTS, TMA)
     else:
         w_s, k_s, q_s, p_s, u_s = _chunk_stages(dtype, STAGES, BT, BK, BV)
         scales_s = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * BT],

@@ -496,6 +496,17 @@ HOPPER_PAIRS_FROM_V = True
 # bytes bought nothing even for free (a timing-only bound: +0.9%), so not there (BENCHMARKS.md,
 # "thirty-seventh set").
 HOPPER_PAIRS_SCORES = True
+# ... and copy their tiles of T, k, q and v by TMA (hopper_register_kernels' TMA), where they copied them with
+# cp.async, whose burst of 14 instructions a thread held up the loads on the state's path in the shared-memory queue.
+# On an H100, in its first form (the Python path, Triton's allocator for the descriptors): B1 T32768 32/32 -4.3%, B8
+# T4096 -3.2%, B8 T4000 -3.6%, 16/32 -4.5%, B1 T131072 -4.7%, 1x32768 2/8 and 4/16 -1%, the same bits (BENCHMARKS.md,
+# "forty-third set"). Each program's descriptors live in the workspace (TMA_SCRATCH_BYTES a program, handed to the
+# kernel as Triton's global scratch by the launches and the launch programs). Off until this form (the workspace's
+# scratch, the replayed launch) has passed its GPU tests and an A/B: no GPU has run it yet.
+HOPPER_PAIRS_TMA = False
+# The global scratch a TMA program's descriptors take: 128 bytes each, four for a run of the chunk loop and four
+# more for the checked rerun's.
+TMA_SCRATCH_BYTES = 8 * 128
 # Batch rows cut into one wave of the pairs (two 64-column tiles per program), on sm_90 where the pairs take
 # HOPPER_PAIRS_FROM_V and HOPPER_PAIRS_SCORES and the segment states SEGMENT_WINDOWS with HOPPER_SCAN_WINDOWS: per
 # V tile, the least chunks per segment (FlashQLA's context parallelism in our passes). The prepare pass runs alone
@@ -746,12 +757,26 @@ def launch_chunk_gated_delta_rule(
         # compile or module load must not happen while it spins.
         for launcher, grid, name, meta, key in launches:
             launcher.warm(grid, meta, spec_key=key, tensors=lambda name=name: getattr(views(), name))
+    descriptors = recipe.workspace.parts[_Scratch._fields.index("descriptors")]
     for launcher, grid, name, meta, key in launches:
-        launcher(grid, getattr(args, name), meta, spec_key=key, tensors=lambda name=name: getattr(views(), name))
+        scratch = None
+        if recipe.tma and name == "recurrence":  # compiled first: its descriptors' bytes are known before it runs
+            launcher.warm(grid, meta, spec_key=key, tensors=lambda name=name: getattr(views(), name))
+            if launcher.scratch_bytes(key) > TMA_SCRATCH_BYTES:
+                raise RuntimeError(f"the TMA output pass takes {launcher.scratch_bytes(key)} bytes of descriptors a "
+                                   f"program; launch.TMA_SCRATCH_BYTES holds {TMA_SCRATCH_BYTES}")
+            scratch = workspace.data_ptr() + descriptors.offset
+        if scratch is None:
+            launcher(grid, getattr(args, name), meta, spec_key=key, tensors=lambda name=name: getattr(views(), name))
+        else:
+            launcher(grid, getattr(args, name), meta, spec_key=key, tensors=lambda name=name: getattr(views(), name),
+                     scratch=scratch)
     if replay is not None and not copied:
         marked = arguments(_Scratch(*(OutputPart(2, part.offset) for part in recipe.workspace.parts)), Scalar(0))
-        steps: list[Step | Zero] = [Step(launcher, grid, getattr(marked, name), key)
-                                    for launcher, grid, name, meta, key in launches]
+        steps: list[Step | Zero] = [
+            Step(launcher, grid, getattr(marked, name), key,
+                 OutputPart(2, descriptors.offset) if recipe.tma and name == "recurrence" else None)
+            for launcher, grid, name, meta, key in launches]
         if recipe.concurrent or recipe.lead:
             steps.insert(0, Zero(2, flags.offset, flag_bytes))
         _programs.register(replay[0], replay[1], (o, final, workspace), 2, steps, constants=(_unused_offsets(device),))
@@ -769,7 +794,7 @@ def launch_tables(block_k: int, arch: str | None) -> tuple:
             HOPPER_CONCURRENT_WARP_BLOCKS_GBPS, gluon_allowed(), SEGMENT_WINDOWS,
             HOPPER_PACKED_WINDOWS, HOPPER_SCAN_WINDOWS, tuple(HOPPER_CONCURRENT_PAIRS.items()), HOPPER_PAIRS_SCORES,
             HOPPER_CONCURRENT_PACKED, tuple(HOPPER_WINDOWED_PAIRS.items()),
-            tuple(HOPPER_WINDOWED_PACKED_PAIRS.items()))
+            tuple(HOPPER_WINDOWED_PACKED_PAIRS.items()), HOPPER_PAIRS_TMA)
 
 
 def concurrent_warp_blocks(heads: int, value_heads: int, dram_gbps: float | None,
@@ -850,6 +875,7 @@ class _Recipe:
     from_v: bool = False  # HOPPER_PAIRS_FROM_V: the prepare pass stores T, the sequential pass reads v
     segment_windows: bool = False  # SEGMENT_WINDOWS: the prepare pass's GROWTH, the segment states' windows
     after_windows: bool = False  # ... and (Gluon) the output pass scans them itself, no combine pass
+    tma: bool = False  # HOPPER_PAIRS_TMA: the output pass copies its tiles by TMA, its descriptors in the workspace
     inverse_beside: str = ""  # concurrent: why the prepare pass's inverse takes its levels whole or per warp
     plan: SegmentPlan | None = None  # what plan_segments chose, and why (plan_report)
 
@@ -872,6 +898,7 @@ def _recipe(
     packed_windows: bool = False, scan_windows: bool = False,
     concurrent_pairs: tuple[tuple[int, int], ...] = (), pairs_scores: bool = False, concurrent_packed: bool = False,
     windowed_pairs: tuple[tuple[int, int], ...] = (), windowed_packed_pairs: tuple[tuple[int, int], ...] = (),
+    pairs_tma: bool = False,
     *,
     sms: int | None = None,
     dram_gbps: float | None = None,
@@ -999,9 +1026,10 @@ def _recipe(
     from_v = (pairs_from_v and gluon_prepare and plan.warpgroups == 2 and (not segment_chunks or cut_pairs)
               and (not plan.concurrent or pairs_beside) and key_dim == 128 and value_dim % block_v == 0)
     scores_in_pairs = from_v and pairs_scores and not plan.concurrent  # HOPPER_PAIRS_SCORES
+    tma = scores_in_pairs and pairs_tma  # HOPPER_PAIRS_TMA
     if hopper_registers:
         recurrence_tail = {**recurrence_tail, "AWAIT": plan.concurrent, "FROM_V": from_v, "LEAD": False,
-                           **({"SCORES": True} if scores_in_pairs else {}),
+                           **({"SCORES": True, "TMA": tma} if scores_in_pairs else {}),
                            "AFTER_LEAD": lead, "FIRST_TAKES_REST": beside_prepare,
                            **({"AFTER_WINDOWS": True} if after_windows else {})}
         if segment_chunks:  # the register-state segment-state pass, or hopper_kernels'
@@ -1039,7 +1067,7 @@ def _recipe(
               hopper_register_pairs, hopper_concurrent, combine_launch, hopper_register_cut,
               hopper_register_segment_stages, pairs_from_v, lead_segment, lead_beside_prepare,
               warp_block_inverse, concurrent_warp_blocks_gbps, gluon, segment_windows, packed_windows, scan_windows,
-              concurrent_pairs, pairs_scores, concurrent_packed, windowed_pairs, windowed_packed_pairs,
+              concurrent_pairs, pairs_scores, concurrent_packed, windowed_pairs, windowed_packed_pairs, pairs_tma,
               # What the plan read beyond the arguments (the device's SM count and DRAM, the environment): the
               # launchers keep each compiled kernel by this spec, so recipes that differ there only must not share.
               sm_count, overlap, per_warp_beside),
@@ -1084,11 +1112,13 @@ def _recipe(
         from_v=from_v,
         segment_windows=windows,
         after_windows=after_windows,
+        tma=tma,
         inverse_beside=inverse_beside,
         plan=plan,
         workspace=_workspace(total, value_heads, key_dim, value_dim, dtype, max_segments, bool(segment_chunks),
                              flag_count, from_v,
-                             combined=not (lead or after_windows), score_factors=scores_in_pairs),
+                             combined=not (lead or after_windows), score_factors=scores_in_pairs,
+                             descriptors=value_tiles * max_segments * value_heads * TMA_SCRATCH_BYTES if tma else 0),
     )
 
 
@@ -1107,6 +1137,7 @@ class _Scratch(NamedTuple):
     h_init: object  # cut sequences only: each segment's state at its start (the combine kernel's; empty in the
     # lead form, whose output programs scan the segment states themselves)
     flags: object  # concurrent passes: each (chunk, value head)'s ready flag, then two done counters (lead: those)
+    descriptors: object  # TMA (HOPPER_PAIRS_TMA): the output pass's global scratch, TMA_SCRATCH_BYTES a program
 
 
 class _Arguments(NamedTuple):
@@ -1119,10 +1150,11 @@ class _Arguments(NamedTuple):
 
 def _workspace(total: int, value_heads: int, key_dim: int, value_dim: int, dtype: torch.dtype, max_segments: int,
                segmented: bool, flags: int, from_v: bool = False, combined: bool = True,
-               score_factors: bool = False) -> Layout:
+               score_factors: bool = False, descriptors: int = 0) -> Layout:
     """The parts of ``_Scratch``; those a class of call does not use are empty (``combined``: a combine
     pass writes each segment's initial state; the lead form's output pass scans the segment states itself;
-    ``score_factors``: the pairs form P, from two exponents per token stored in its place)."""
+    ``score_factors``: the pairs form P, from two exponents per token stored in its place; ``descriptors``:
+    the bytes of the output pass's TMA descriptors, its global scratch)."""
     segments = max_segments if segmented else 0
     return Layout.of([
         ((total, value_heads, key_dim), dtype),
@@ -1134,4 +1166,5 @@ def _workspace(total: int, value_heads: int, key_dim: int, value_dim: int, dtype
         ((segments, value_heads, key_dim, key_dim), torch.float32),
         ((segments if combined else 0, value_heads, key_dim, value_dim), torch.float32),
         ((flags,), torch.int32),
+        ((descriptors,), torch.uint8),
     ])

@@ -317,21 +317,24 @@ register(KernelSpec(
     allowed=_on_hopper, platform_constexprs=functools.partial(_prepare_precision, False),
     options={"num_warps": 4, **({"maxnreg": _PREPARE_CAP} if _PREPARE_CAP else {})},
 ))
-register(KernelSpec(
-    name="gdn_recurrence_hopper_rs_pair_from_v_scores", module="polykernels.gated_delta_rule.hopper_register_kernels",
-    function="gdn_recurrence_hopper_rs_kernel",
-    signature={**{name: ("*fp32" if name == "P_ptr" else kind) for name, kind in _RS_SIGNATURE.items()},
-               "FROM_V": "constexpr", "LEAD": "constexpr", "AFTER_LEAD": "constexpr",
-               "FIRST_TAKES_REST": "constexpr", "SEGMENT_WINDOW": "constexpr", "AFTER_WINDOWS": "constexpr",
-               "SCORES": "constexpr"},
-    constexprs={**_SHAPE, "V": 128, "BV": 2 * _WIDE_BV, "NV": 128 // (2 * _WIDE_BV), "VARLEN": False, "LOG_N": 4,
-                "HAS_INITIAL": True, "SEGMENT_STATE": False, "STORE_FINAL": True,
-                "STAGES": HOPPER_REGISTER_PAIRS[_WIDE_BV], "AWAIT": False, "FROM_V": True, "LEAD": False,
-                "AFTER_LEAD": False, "FIRST_TAKES_REST": False, "SEGMENT_WINDOW": False, "AFTER_WINDOWS": False,
-                "SCORES": True},
-    allowed=_on_hopper, platform_constexprs=_precision,
-    options={"num_warps": 8},
-))
+# launch.HOPPER_PAIRS_TMA: the same pairs copying their tiles by TMA (the "_tma" entries, here and below).
+for _suffix, _tma in (("", False), ("_tma", True)):
+    register(KernelSpec(
+        name="gdn_recurrence_hopper_rs_pair_from_v_scores" + _suffix,
+        module="polykernels.gated_delta_rule.hopper_register_kernels",
+        function="gdn_recurrence_hopper_rs_kernel",
+        signature={**{name: ("*fp32" if name == "P_ptr" else kind) for name, kind in _RS_SIGNATURE.items()},
+                   "FROM_V": "constexpr", "LEAD": "constexpr", "AFTER_LEAD": "constexpr",
+                   "FIRST_TAKES_REST": "constexpr", "SEGMENT_WINDOW": "constexpr", "AFTER_WINDOWS": "constexpr",
+                   "SCORES": "constexpr", "TMA": "constexpr"},
+        constexprs={**_SHAPE, "V": 128, "BV": 2 * _WIDE_BV, "NV": 128 // (2 * _WIDE_BV), "VARLEN": False, "LOG_N": 4,
+                    "HAS_INITIAL": True, "SEGMENT_STATE": False, "STORE_FINAL": True,
+                    "STAGES": HOPPER_REGISTER_PAIRS[_WIDE_BV], "AWAIT": False, "FROM_V": True, "LEAD": False,
+                    "AFTER_LEAD": False, "FIRST_TAKES_REST": False, "SEGMENT_WINDOW": False, "AFTER_WINDOWS": False,
+                    "SCORES": True, "TMA": _tma},
+        allowed=_on_hopper, platform_constexprs=_precision,
+        options={"num_warps": 8},
+    ))
 # launch.HOPPER_WINDOWED_PAIRS (sm_90, batch rows cut into pairs) and HOPPER_WINDOWED_PACKED_PAIRS (packed
 # sequences, from an initial state): the prepare pass storing T, the score exponents and each chunk's growth bound;
 # the windowed segment states in FlashInfer's order (no outputs); the pairs after them, each scanning back to the
@@ -352,25 +355,27 @@ for _name, _packed in (("gdn_prepare_hopper_t_scores_growth", False),
         allowed=_on_hopper, platform_constexprs=functools.partial(_prepare_precision, False),
         options={"num_warps": 4, **({"maxnreg": _PREPARE_CAP} if _PREPARE_CAP else {})},
     ))
-for _name, _segment_state, _packed in (
-    ("gdn_segment_state_hopper_rs_pair_from_v_window", True, False),
-    ("gdn_recurrence_hopper_rs_pair_from_v_scores_after_windows", False, False),
-    ("gdn_segment_state_hopper_rs_pair_from_v_window_packed", True, True),
-    ("gdn_recurrence_hopper_rs_pair_from_v_scores_after_windows_packed", False, True),
+for _name, _segment_state, _packed, _tma in (
+    ("gdn_segment_state_hopper_rs_pair_from_v_window", True, False, False),
+    ("gdn_recurrence_hopper_rs_pair_from_v_scores_after_windows", False, False, False),
+    ("gdn_recurrence_hopper_rs_pair_from_v_scores_after_windows_tma", False, False, True),
+    ("gdn_segment_state_hopper_rs_pair_from_v_window_packed", True, True, False),
+    ("gdn_recurrence_hopper_rs_pair_from_v_scores_after_windows_packed", False, True, False),
+    ("gdn_recurrence_hopper_rs_pair_from_v_scores_after_windows_packed_tma", False, True, True),
 ):
     register(KernelSpec(
         name=_name, module="polykernels.gated_delta_rule.hopper_register_kernels",
         function="gdn_recurrence_hopper_rs_kernel",
         signature={**{name: ("*fp32" if name == "P_ptr" else kind) for name, kind in _RS_SIGNATURE.items()},
                    **_constexpr("FROM_V", "LEAD", "AFTER_LEAD", "FIRST_TAKES_REST", "SEGMENT_WINDOW",
-                                "AFTER_WINDOWS", "SCORES")},
+                                "AFTER_WINDOWS", "SCORES", "TMA")},
         constexprs={**_SHAPE, "V": 128, "BV": 2 * _WIDE_BV, "NV": 128 // (2 * _WIDE_BV), "VARLEN": _packed,
                     "LOG_N": 4 if _packed else 1, "HAS_INITIAL": _packed and not _segment_state,
                     "SEGMENT_STATE": _segment_state,
                     "STORE_FINAL": not _segment_state, "STAGES": HOPPER_REGISTER_PAIRS[_WIDE_BV], "AWAIT": False,
                     "FROM_V": True, "LEAD": False, "AFTER_LEAD": False, "FIRST_TAKES_REST": False,
                     "SEGMENT_WINDOW": _segment_state, "AFTER_WINDOWS": not _segment_state,
-                    "SCORES": not _segment_state},
+                    "SCORES": not _segment_state, "TMA": _tma},
         allowed=_on_hopper, platform_constexprs=_precision,
         options={"num_warps": 8},
     ))

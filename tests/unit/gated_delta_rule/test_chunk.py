@@ -739,6 +739,14 @@ def test_register_state_pass_pairs_tiles_where_the_pairs_fill_the_gpu(monkeypatc
     # HOPPER_PAIRS_SCORES: after the prepare pass the pairs form P too, from two fp32 exponents per token in its place
     assert recipe.recurrence_meta["SCORES"] and recipe.prepare_meta["SCORE_FACTORS"]
     assert recipe.workspace.parts[2].shape == (8 * 4096, 32, 2) and recipe.workspace.parts[2].dtype == torch.float32
+    assert not recipe.tma and not recipe.recurrence_meta["TMA"] and recipe.workspace.parts[-1].shape == (0,)
+    with monkeypatch.context() as tables:  # HOPPER_PAIRS_TMA: their tiles by TMA, the descriptors in the workspace
+        tables.setattr(launch, "HOPPER_PAIRS_TMA", True)
+        tma = _sm90_recipe(monkeypatch, 8, 4096, 32, 32, None)
+        assert tma.tma and tma.recurrence_meta["TMA"]
+        assert tma.workspace.parts[-1].shape == (8 * 32 * launch.TMA_SCRATCH_BYTES,)
+        beside = _sm90_recipe(monkeypatch, 1, 8192, 16, 64, None)  # the pairs beside the prepare pass: cp.async
+        assert beside.concurrent and not beside.tma and beside.workspace.parts[-1].shape == (0,)
     beside = _sm90_recipe(monkeypatch, 1, 8192, 16, 64, None)  # the pairs beside the prepare pass: P stored, as before
     assert beside.concurrent and beside.recurrence_meta["FROM_V"] and not beside.recurrence_meta.get("SCORES")
     assert not beside.prepare_meta.get("SCORE_FACTORS") and beside.workspace.parts[2].shape == (8192, 64, 64)
@@ -1313,13 +1321,17 @@ def test_gpu_packed_sequences_beside_the_prepare_pass_match_them_one_after_the_o
 @pytest.mark.parametrize(("batch", "tokens", "lengths", "dtype"), [
     (2, 4096 + 37, None, torch.bfloat16), (1, 3000, [1000, 0, 1, 1999], torch.bfloat16),
     (2, 2048, None, torch.float16)], ids=["B2-tail-chunk", "packed", "fp16"])
+@pytest.mark.parametrize(("table", "meta"), [("HOPPER_PAIRS_SCORES", "SCORES"), ("HOPPER_PAIRS_TMA", "TMA")],
+                         ids=["scores", "tma"])
 def test_gpu_pairs_forming_the_scores_match_the_stored_scores(gpu_device: str, monkeypatch: pytest.MonkeyPatch,
                                                               batch: int, tokens: int, lengths,
-                                                              dtype: torch.dtype) -> None:
+                                                              dtype: torch.dtype, table: str, meta: str) -> None:
     # launch.HOPPER_PAIRS_SCORES: the pairs after the prepare pass form P = q k^T (gated, scaled, causal) from the
     # q and k tiles and two exponents per token, where the prepare pass formed and stored it. Same arithmetic in
     # the same order: every bit of o and the final state as with P stored, from the Python path, the replayed
     # launch program and a CUDA graph; packed sequences (an empty one, one of one token) and fp16 too.
+    # launch.HOPPER_PAIRS_TMA: those pairs copy their tiles by TMA (rows past a sequence's end read 0, the
+    # descriptors in the workspace as the kernel's global scratch): every bit as with cp.async.
     _needs_register_state_passes(gpu_device)
     from polykernels import platform
     from polykernels.gated_delta_rule import launch
@@ -1331,16 +1343,18 @@ def test_gpu_pairs_forming_the_scores_match_the_stored_scores(gpu_device: str, m
     cu = None if lengths is None else boundaries(lengths, gpu_device)
     num_seqs = batch if lengths is None else len(lengths)
     h0 = torch.randn(num_seqs, 8, 128, 128, device=gpu_device)
-    recipe = launch._recipe(inputs[0].shape, inputs[2].shape, dtype, None if cu is None else cu.dtype, num_seqs, True,
-                            True, False, None, inputs[0].device, platform.current(), *_tables_here(128))
-    assert recipe.recurrence_meta.get("SCORES") and recipe.prepare_meta.get("SCORE_FACTORS")
 
     def public():
         return chunk_gated_delta_rule(*inputs, initial_state=h0, output_final_state=True, cu_seqlens=cu)
 
     try:
+        monkeypatch.setattr(launch, table, True)
+        recipe = launch._recipe(inputs[0].shape, inputs[2].shape, dtype, None if cu is None else cu.dtype, num_seqs,
+                                True, True, False, None, inputs[0].device, platform.current(), *_tables_here(128))
+        assert recipe.recurrence_meta.get("SCORES") and recipe.prepare_meta.get("SCORE_FACTORS")
+        assert recipe.recurrence_meta.get(meta)
         runs = [public(), public(), _replayed_from_a_graph(public)]
-        monkeypatch.setattr(launch, "HOPPER_PAIRS_SCORES", False)
+        monkeypatch.setattr(launch, table, False)
         want = public()
     finally:
         monkeypatch.undo()
@@ -1535,6 +1549,11 @@ def test_windowed_pairs_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (outputs["BV"], outputs["num_warps"], outputs["STAGES"]) == (128, 8, pair_stages)
     assert outputs["FROM_V"] and outputs["SCORES"] and outputs["AFTER_WINDOWS"] and not outputs["HAS_INITIAL"]
     parts = dict(zip(launch._Scratch._fields, recipe.workspace.parts, strict=True))
+    with monkeypatch.context() as tables:  # HOPPER_PAIRS_TMA: in the output pass only
+        tables.setattr(launch, "HOPPER_PAIRS_TMA", True)
+        tma = _sm90_recipe(monkeypatch, 1, 32768, 32, 32, None)
+        assert tma.recurrence_meta["TMA"] and not tma.segment_state_meta.get("TMA")
+        assert tma.workspace.parts[-1].shape == (4 * 32 * launch.TMA_SCRATCH_BYTES,)  # one wave of 128 pair programs
     assert parts["u"].shape == (32768, 32) and parts["u"].dtype == torch.float32  # k's factor in w
     assert parts["scores"].shape == (32768, 32, 2)  # P's two exponents per token
     assert parts["h_local"].shape == (4, 32, 128, 128) and parts["transitions"].shape == (4, 32, 128, 128)
@@ -2267,7 +2286,10 @@ def test_kernels_compile_for_amd(target: str) -> None:
                                         "gdn_recurrence_hopper_rs_pair_from_v_scores_after_windows",
                                         "gdn_prepare_hopper_t_scores_growth_packed",
                                         "gdn_segment_state_hopper_rs_pair_from_v_window_packed",
-                                        "gdn_recurrence_hopper_rs_pair_from_v_scores_after_windows_packed"}
+                                        "gdn_recurrence_hopper_rs_pair_from_v_scores_after_windows_packed",
+                                        "gdn_recurrence_hopper_rs_pair_from_v_scores_tma",
+                                        "gdn_recurrence_hopper_rs_pair_from_v_scores_after_windows_tma",
+                                        "gdn_recurrence_hopper_rs_pair_from_v_scores_after_windows_packed_tma"}
     assert set(names) == {"gdn_prepare", "gdn_recurrence", "gdn_segment_state", "gdn_recurrence_wide",
                           "gdn_segment_state_wide", "gdn_combine", "gdn_recurrence_fp32", "gdn_prepare_fp32",
                           "gdn_prepare_growth", "gdn_segment_state_window"}
