@@ -113,6 +113,7 @@ def _launch_line(name: str, grid: tuple[int, ...], meta: dict[str, object]) -> s
         stores += "; the output pass forms the scores P (from two exponents per token stored in P's place)"
     if name != "prepare" and meta.get("FROM_V"):  # FlashInfer's order of the chain (hopper_register_kernels)
         stores = ", v_new from T and v" + (" and P from q and k" if meta.get("SCORES") else "")
+        stores += ", T, k, q and v copied by TMA" if meta.get("TMA") else ""
     inverse = ", the inverse's levels joining 1 to 8 rows inside each warp" if meta.get("WARP_BLOCKS") else ""
     scans = (", each program's initial state scanned from the segment states back to the last window (no combine "
              "pass)" if meta.get("AFTER_WINDOWS") else "")
