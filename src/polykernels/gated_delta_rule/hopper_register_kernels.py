@@ -397,7 +397,7 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, v_limit, Q_ptr, K_ptr, T_
     scores_l: gl.constexpr = _scores_layout(BT, gl.num_warps())
     chunks = ((end - start + BT - 1) // BT).to(gl.int32)
     last = gl.maximum(chunks - 1, 0)
-    if TMA:  # the tiles by TMA (one barrier per stage), the scales by cp.async
+    if TMA:  # the tiles by TMA (one mbarrier per tile and stage), the scales by cp.async
         gl.static_assert(OUTPUTS and not AWAIT, "TMA: the output pass after the prepare pass")
         ready = _tile_barriers(STAGES)
         descriptors = _tile_descriptors(start, end, i_h, i_hv, col0, Q_ptr, K_ptr, T_ptr, V_ptr, H, HV, K, V, BT, BK,
