@@ -77,10 +77,7 @@ def parse(rows: Iterable[list[str]], top: int = 10, context: int = 0) -> list[Ke
         header, lines = body[0], [line for line in body[1:] if len(line) == len(body[0])]
         column = {name: i for i, name in enumerate(header)}
         reasons = [name for name in header if name.startswith("stall_") and "(Not Issued)" not in name]
-        totals: Counter[str] = Counter()
-        for line in lines:
-            for reason in reasons:
-                totals[reason] += _int(line[column[reason]])
+        totals = _reason_counts(lines, column, reasons)
         samples = sum(totals.values()) or 1
         ranked = sorted(range(len(lines)), key=lambda i: -_int(lines[i][column[_SAMPLES]]))[:top]
         hottest = [(_int(lines[i][column[_SAMPLES]]), max(reasons, key=lambda r: _int(lines[i][column[r]])),
@@ -93,6 +90,14 @@ def parse(rows: Iterable[list[str]], top: int = 10, context: int = 0) -> list[Ke
     return found
 
 
+def _reason_counts(lines: list[list[str]], column: dict[str, int], reasons: list[str]) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    for line in lines:
+        for reason in reasons:
+            counts[reason] += _int(line[column[reason]])
+    return counts
+
+
 def _spans(lines: list[list[str]], column: dict[str, int], reasons: list[str]) -> list[Span]:
     spans: list[Span] = []
     start = 0
@@ -101,10 +106,7 @@ def _spans(lines: list[list[str]], column: dict[str, int], reasons: list[str]) -
         opcode = source.split()[1] if source.startswith("@") and len(source.split()) > 1 else source.split(" ")[0]
         if i == len(lines) - 1 or opcode.startswith(_WAITS):
             part = lines[start:i + 1]
-            counts: Counter[str] = Counter()
-            for row in part:
-                for reason in reasons:
-                    counts[reason] += _int(row[column[reason]])
+            counts = _reason_counts(part, column, reasons)
             spans.append(Span(part[0][column["Source"]].strip(), source, len(part),
                               sum(_int(row[column[_SAMPLES]]) for row in part),
                               tuple((r, v) for r, v in counts.most_common(3) if v)))

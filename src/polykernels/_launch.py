@@ -73,7 +73,7 @@ class Launcher:
 
     def __call__(self, grid: tuple[int, ...], args: Sequence[object], meta: Mapping[str, object], *,
                  spec_key: Hashable | None = None, tensors: Callable[[], Sequence[object]] | None = None,
-                 device: int | None = None, scratch: int | None = None) -> None:
+                 device: int | None = None, scratch: tuple[int, int] | None = None) -> None:
         """``spec_key``: the caller's own key for everything Triton specializes on in ``args`` and
         ``meta`` (every dtype, integer class, 16-byte alignment and constexpr must be a function of
         it), built from what the caller has at hand; without it the key is derived from every
@@ -88,10 +88,11 @@ class Launcher:
         (a model split over GPUs in one process, no ``torch.cuda.set_device``): the kernel is then
         compiled for and launched on that GPU, under its device guard, not on the current one.
 
-        ``scratch``: the address of the kernel's global scratch (Triton's, for the tensor descriptors a kernel
-        makes on the device: ``Launcher.scratch_bytes`` a program), for a kernel that needs it; such a kernel is
-        compiled without a launch, then always launched directly (Triton's own launch would allocate the scratch
-        through an allocator the library does not set), launch hooks or not."""
+        ``scratch``: (address, bytes a program) of the kernel's global scratch (Triton's, for the tensor
+        descriptors a kernel makes on the device), for a kernel that needs it; such a kernel is compiled without
+        a launch, checked to need no more than that (``scratch_bytes``), then always launched directly (Triton's
+        own launch would allocate the scratch through an allocator the library does not set), launch hooks or
+        not."""
         if self._interpreted:
             self.kernel[grid](*(tensors() if tensors is not None else args), **meta)
             return
@@ -109,8 +110,12 @@ class Launcher:
             if direct is None:
                 self.warm(grid, meta, spec_key=spec_key, tensors=tensors)
                 direct = self._compiled[key]
+            address, held = scratch
+            if self.scratch_bytes(spec_key) > held:
+                raise RuntimeError(f"the kernel takes {self.scratch_bytes(spec_key)} bytes of global scratch a "
+                                   f"program; the caller holds {held}")
             grid3 = (*grid, 1, 1)
-            direct(grid3[0], grid3[1], grid3[2], torch._C._cuda_getCurrentRawStream(device), (*args, scratch))
+            direct(grid3[0], grid3[1], grid3[2], torch._C._cuda_getCurrentRawStream(device), (*args, address))
             return
         if direct is not None and no_launch_hooks():
             grid3 = (*grid, 1, 1)

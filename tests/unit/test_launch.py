@@ -293,12 +293,15 @@ def test_a_launch_with_global_scratch_compiles_without_launching_then_launches_d
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 77, raising=False)
     for x in (7, 8):
-        launcher((2,), (x,), {"num_stages": 1}, spec_key="spec", tensors=lambda x=x: (x,), scratch=0xF00)
+        launcher((2,), (x,), {"num_stages": 1}, spec_key="spec", tensors=lambda x=x: (x,), scratch=(0xF00, 1024))
     assert warmed == [(7,)]  # compiled once
     assert [call[7] for call in run.c_calls] == [0xF00, 0xF00] and [call[-1] for call in run.c_calls] == [7, 8]
     assert launcher.scratch_bytes("spec") == 1024 and launcher.scratch_bytes("other") == 0
+    with pytest.raises(RuntimeError, match="1024 bytes of global scratch a program; the caller holds 512"):
+        launcher((2,), (9,), {"num_stages": 1}, spec_key="spec", tensors=lambda: (9,), scratch=(0xF00, 512))
+    assert len(run.c_calls) == 2  # refused before it launched
     with pytest.raises(ValueError, match="global scratch must pass spec_key and tensors"):
-        launcher((2,), (7,), {"num_stages": 1}, scratch=0xF00)
+        launcher((2,), (7,), {"num_stages": 1}, scratch=(0xF00, 1024))
 
 
 def test_a_kernel_with_global_scratch_is_described_with_its_bytes_a_program() -> None:

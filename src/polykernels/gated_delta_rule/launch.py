@@ -759,18 +759,11 @@ def launch_chunk_gated_delta_rule(
             launcher.warm(grid, meta, spec_key=key, tensors=lambda name=name: getattr(views(), name))
     descriptors = recipe.workspace.parts[_Scratch._fields.index("descriptors")]
     for launcher, grid, name, meta, key in launches:
-        scratch = None
-        if recipe.tma and name == "recurrence":  # compiled first: its descriptors' bytes are known before it runs
-            launcher.warm(grid, meta, spec_key=key, tensors=lambda name=name: getattr(views(), name))
-            if launcher.scratch_bytes(key) > TMA_SCRATCH_BYTES:
-                raise RuntimeError(f"the TMA output pass takes {launcher.scratch_bytes(key)} bytes of descriptors a "
-                                   f"program; launch.TMA_SCRATCH_BYTES holds {TMA_SCRATCH_BYTES}")
-            scratch = workspace.data_ptr() + descriptors.offset
-        if scratch is None:
-            launcher(grid, getattr(args, name), meta, spec_key=key, tensors=lambda name=name: getattr(views(), name))
-        else:
-            launcher(grid, getattr(args, name), meta, spec_key=key, tensors=lambda name=name: getattr(views(), name),
-                     scratch=scratch)
+        # TMA: the output pass's descriptors in their part of the workspace (TMA_SCRATCH_BYTES a program).
+        scratch = ({"scratch": (workspace.data_ptr() + descriptors.offset, TMA_SCRATCH_BYTES)}
+                   if recipe.tma and name == "recurrence" else {})
+        launcher(grid, getattr(args, name), meta, spec_key=key, tensors=lambda name=name: getattr(views(), name),
+                 **scratch)
     if replay is not None and not copied:
         marked = arguments(_Scratch(*(OutputPart(2, part.offset) for part in recipe.workspace.parts)), Scalar(0))
         steps: list[Step | Zero] = [
