@@ -498,12 +498,13 @@ HOPPER_PAIRS_FROM_V = True
 HOPPER_PAIRS_SCORES = True
 # ... and copy their tiles of T, k, q and v by TMA (hopper_register_kernels' TMA), where they copied them with
 # cp.async, whose burst of 14 instructions a thread held up the loads on the state's path in the shared-memory queue.
-# On an H100, in its first form (the Python path, Triton's allocator for the descriptors): B1 T32768 32/32 -4.3%, B8
-# T4096 -3.2%, B8 T4000 -3.6%, 16/32 -4.5%, B1 T131072 -4.7%, 1x32768 2/8 and 4/16 -1%, the same bits (BENCHMARKS.md,
-# "forty-third set"). Each program's descriptors live in the workspace (TMA_SCRATCH_BYTES a program, handed to the
-# kernel as Triton's global scratch by the launches and the launch programs). Off until this form (the workspace's
-# scratch, the replayed launch) has passed its GPU tests and an A/B: no GPU has run it yet.
-HOPPER_PAIRS_TMA = False
+# On an H100 against the cp.async form, two runs of two rounds: B1 T32768 32/32 -3.2% and -3.6%, B8 T4096 -1.1% and
+# -0.8%, the same bits; the GPU tests of the pairs and the >2^31-element check pass with it (BENCHMARKS.md,
+# "forty-fourth set"). The scales in one copy, as the first prototype had them, gave -4.2% and -3.8% in the same run
+# (docs/experiments/pairs-tma-one-scale-copy.patch, not yet GPU-tested). Each program's descriptors live in the
+# workspace (TMA_SCRATCH_BYTES a program, handed to the kernel as Triton's global scratch by the launches and the
+# launch programs).
+HOPPER_PAIRS_TMA = True
 # The global scratch a TMA program's descriptors take: 128 bytes each, four for a run of the chunk loop and four
 # more for the checked rerun's.
 TMA_SCRATCH_BYTES = 8 * 128

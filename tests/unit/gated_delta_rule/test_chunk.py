@@ -739,16 +739,16 @@ def test_register_state_pass_pairs_tiles_where_the_pairs_fill_the_gpu(monkeypatc
     # HOPPER_PAIRS_SCORES: after the prepare pass the pairs form P too, from two fp32 exponents per token in its place
     assert recipe.recurrence_meta["SCORES"] and recipe.prepare_meta["SCORE_FACTORS"]
     assert recipe.workspace.parts[2].shape == (8 * 4096, 32, 2) and recipe.workspace.parts[2].dtype == torch.float32
-    assert not recipe.tma and not recipe.recurrence_meta["TMA"] and recipe.workspace.parts[-1].shape == (0,)
-    with monkeypatch.context() as tables:  # HOPPER_PAIRS_TMA: their tiles by TMA, the descriptors in the workspace
-        tables.setattr(launch, "HOPPER_PAIRS_TMA", True)
-        tma = _sm90_recipe(monkeypatch, 8, 4096, 32, 32, None)
-        assert tma.tma and tma.recurrence_meta["TMA"]
-        assert tma.workspace.parts[-1].shape == (8 * 32 * launch.TMA_SCRATCH_BYTES,)
-        beside = _sm90_recipe(monkeypatch, 1, 8192, 16, 64, None)  # the pairs beside the prepare pass: cp.async
-        assert beside.concurrent and not beside.tma and beside.workspace.parts[-1].shape == (0,)
+    # HOPPER_PAIRS_TMA: their tiles by TMA, the descriptors in the workspace (TMA_SCRATCH_BYTES a program)
+    assert recipe.tma and recipe.recurrence_meta["TMA"]
+    assert recipe.workspace.parts[-1].shape == (8 * 32 * launch.TMA_SCRATCH_BYTES,)
+    with monkeypatch.context() as tables:
+        tables.setattr(launch, "HOPPER_PAIRS_TMA", False)
+        copied = _sm90_recipe(monkeypatch, 8, 4096, 32, 32, None)
+        assert not copied.tma and not copied.recurrence_meta["TMA"] and copied.workspace.parts[-1].shape == (0,)
     beside = _sm90_recipe(monkeypatch, 1, 8192, 16, 64, None)  # the pairs beside the prepare pass: P stored, as before
     assert beside.concurrent and beside.recurrence_meta["FROM_V"] and not beside.recurrence_meta.get("SCORES")
+    assert not beside.tma and beside.workspace.parts[-1].shape == (0,)  # and their tiles by cp.async
     assert not beside.prepare_meta.get("SCORE_FACTORS") and beside.workspace.parts[2].shape == (8192, 64, 64)
     monkeypatch.setattr(launch, "HOPPER_PAIRS_SCORES", False)
     recipe = _sm90_recipe(monkeypatch, 8, 4096, 32, 32, None)
@@ -1549,11 +1549,9 @@ def test_windowed_pairs_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (outputs["BV"], outputs["num_warps"], outputs["STAGES"]) == (128, 8, pair_stages)
     assert outputs["FROM_V"] and outputs["SCORES"] and outputs["AFTER_WINDOWS"] and not outputs["HAS_INITIAL"]
     parts = dict(zip(launch._Scratch._fields, recipe.workspace.parts, strict=True))
-    with monkeypatch.context() as tables:  # HOPPER_PAIRS_TMA: in the output pass only
-        tables.setattr(launch, "HOPPER_PAIRS_TMA", True)
-        tma = _sm90_recipe(monkeypatch, 1, 32768, 32, 32, None)
-        assert tma.recurrence_meta["TMA"] and not tma.segment_state_meta.get("TMA")
-        assert tma.workspace.parts[-1].shape == (4 * 32 * launch.TMA_SCRATCH_BYTES,)  # one wave of 128 pair programs
+    # HOPPER_PAIRS_TMA: in the output pass only
+    assert recipe.recurrence_meta["TMA"] and not recipe.segment_state_meta.get("TMA")
+    assert parts["descriptors"].shape == (4 * 32 * launch.TMA_SCRATCH_BYTES,)  # one wave of 128 pair programs
     assert parts["u"].shape == (32768, 32) and parts["u"].dtype == torch.float32  # k's factor in w
     assert parts["scores"].shape == (32768, 32, 2)  # P's two exponents per token
     assert parts["h_local"].shape == (4, 32, 128, 128) and parts["transitions"].shape == (4, 32, 128, 128)
