@@ -111,9 +111,10 @@ class Launcher:
                 self.warm(grid, meta, spec_key=spec_key, tensors=tensors)
                 direct = self._compiled[key]
             address, held = scratch
-            if self.scratch_bytes(spec_key) > held:
-                raise RuntimeError(f"the kernel takes {self.scratch_bytes(spec_key)} bytes of global scratch a "
-                                   f"program; the caller holds {held}")
+            needed = self.scratch_bytes(spec_key)
+            if needed > held:
+                raise RuntimeError(f"the kernel takes {needed} bytes of global scratch a program; the caller holds "
+                                   f"{held}")
             grid3 = (*grid, 1, 1)
             direct(grid3[0], grid3[1], grid3[2], torch._C._cuda_getCurrentRawStream(device), (*args, address))
             return
