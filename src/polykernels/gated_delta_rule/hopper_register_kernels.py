@@ -178,20 +178,36 @@ def _copy_chunk_from_v(chunk_start, end, stage, i_h, i_hv, col0, v_limit, Q_ptr,
 
 @gluon.jit
 def _copy_scales_from_v(chunk_start, end, stage, i_hv, P_ptr, QS_ptr, KS_ptr, WS_ptr, scales_s, HV: gl.constexpr,
-                        BT: gl.constexpr, SCORES: gl.constexpr):
-    """The FROM_V form's per-token scales of a chunk (``_copy_chunk_from_v``), then the chunk's cp.async group."""
+                        BT: gl.constexpr, SCORES: gl.constexpr, ONE_COPY: gl.constexpr = False):
+    """The FROM_V form's per-token scales of a chunk (``_copy_chunk_from_v``), then the chunk's cp.async group.
+    Each BT-long part: q's, k's, w's factor, k's; with SCORES then each token's two exponents, rows' then columns'.
+    ONE_COPY: all in one copy (each copy into a slice of the stage costs a barrier: the compiler cannot tell the
+    slices apart behind the stage's index). The TMA form takes it (on an H100 -3.8% at B8 T4096 where three copies
+    gave -0.8%); beside the cp.async tiles it cost the B1 rows 2% (BENCHMARKS.md, 43rd and 44th sets)."""
     layout: gl.constexpr = _vector_layout(gl.num_warps())
-    i = gl.arange(0, 2 * BT, layout=layout)
-    token = i % BT
-    offsets = (chunk_start * HV + i_hv) + token * HV
-    inside = chunk_start + token < end
-    async_copy.async_copy_global_to_shared(scales_s.index(stage).slice(0, 2 * BT),
-                                           gl.where(i < BT, QS_ptr + offsets, KS_ptr + offsets), inside)
-    async_copy.async_copy_global_to_shared(scales_s.index(stage).slice(2 * BT, 2 * BT),
-                                           gl.where(i < BT, WS_ptr + offsets, KS_ptr + offsets), inside)
-    if SCORES:  # each token's two exponents side by side (hopper_prepare_kernels' SCORE_FACTORS)
-        async_copy.async_copy_global_to_shared(scales_s.index(stage).slice(4 * BT, 2 * BT),
-                                               P_ptr + offsets * 2 + (i >= BT).to(gl.int32), inside)
+    if ONE_COPY:
+        i = gl.arange(0, (8 if SCORES else 4) * BT, layout=layout)
+        part = i // BT
+        token = i % BT
+        offsets = (chunk_start * HV + i_hv) + token * HV
+        pointers = gl.where(part == 0, QS_ptr, gl.where(part == 2, WS_ptr, KS_ptr)) + offsets
+        inside = chunk_start + token < end
+        if SCORES:  # the buffer's last two parts are not copied
+            pointers = gl.where(part >= 4, P_ptr + offsets * 2 + (part == 5).to(gl.int32), pointers)
+            inside = inside & (part < 6)
+        async_copy.async_copy_global_to_shared(scales_s.index(stage), pointers, inside)
+    else:
+        i = gl.arange(0, 2 * BT, layout=layout)
+        token = i % BT
+        offsets = (chunk_start * HV + i_hv) + token * HV
+        inside = chunk_start + token < end
+        async_copy.async_copy_global_to_shared(scales_s.index(stage).slice(0, 2 * BT),
+                                               gl.where(i < BT, QS_ptr + offsets, KS_ptr + offsets), inside)
+        async_copy.async_copy_global_to_shared(scales_s.index(stage).slice(2 * BT, 2 * BT),
+                                               gl.where(i < BT, WS_ptr + offsets, KS_ptr + offsets), inside)
+        if SCORES:  # each token's two exponents side by side (hopper_prepare_kernels' SCORE_FACTORS)
+            async_copy.async_copy_global_to_shared(scales_s.index(stage).slice(4 * BT, 2 * BT),
+                                                   P_ptr + offsets * 2 + (i >= BT).to(gl.int32), inside)
     async_copy.commit_group()
 
 
@@ -389,7 +405,8 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, v_limit, Q_ptr, K_ptr, T_
     product (the prepare pass then neither forms nor stores it: BENCHMARKS.md, "thirty-seventh set").
     Without OUTPUTS (a windowed segment-state program) the state's path alone: no q, P, q h or o; v's
     columns past ``v_limit`` read 0 (a transition program's). TMA (the output pass forming P,
-    launch.HOPPER_PAIRS_TMA): T, k, q and v come in by TMA (``_copy_chunk_tma``), the scales by cp.async."""
+    launch.HOPPER_PAIRS_TMA): T, k, q and v come in by TMA (``_copy_chunk_tma``), the scales by cp.async in one
+    copy."""
     dtype: gl.constexpr = T_ptr.dtype.element_ty
     state_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=chunk_l, k_width=2)
     update_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=state_l, k_width=2)
@@ -408,7 +425,7 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, v_limit, Q_ptr, K_ptr, T_
         if TMA:
             _copy_chunk_tma(ahead, ahead, ready, descriptors, t_s, k_s, q_s, v_s, BT, ahead < chunks)
             _copy_scales_from_v(start + ahead * BT, end, ahead, i_hv, P_ptr, QS_ptr, KS_ptr, WS_ptr, scales_s, HV, BT,
-                                SCORES)
+                                SCORES, True)
         else:
             _copy_chunk_from_v(start + ahead * BT, end, ahead, i_h, i_hv, col0, v_limit, Q_ptr, K_ptr, T_ptr, V_ptr,
                                P_ptr, QS_ptr, KS_ptr, WS_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, H, HV, K, V, BT, BK,
@@ -435,7 +452,7 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, v_limit, Q_ptr, K_ptr, T_
             _copy_chunk_tma(c + STAGES - 1, (c + STAGES - 1) % STAGES, ready, descriptors, t_s, k_s, q_s, v_s, BT,
                             c + STAGES - 1 < chunks)
             _copy_scales_from_v(chunk_start + (STAGES - 1) * BT, end, (c + STAGES - 1) % STAGES, i_hv, P_ptr, QS_ptr,
-                                KS_ptr, WS_ptr, scales_s, HV, BT, SCORES)
+                                KS_ptr, WS_ptr, scales_s, HV, BT, SCORES, True)
         else:
             _copy_chunk_from_v(chunk_start + (STAGES - 1) * BT, end, (c + STAGES - 1) % STAGES, i_h, i_hv, col0,
                                v_limit, Q_ptr, K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr, KS_ptr, WS_ptr, t_s, k_s, q_s, p_s,
