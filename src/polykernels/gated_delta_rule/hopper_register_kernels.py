@@ -182,8 +182,9 @@ def _copy_scales_from_v(chunk_start, end, stage, i_hv, P_ptr, QS_ptr, KS_ptr, WS
     """The FROM_V form's per-token scales of a chunk (``_copy_chunk_from_v``), then the chunk's cp.async group.
     Each BT-long part: q's, k's, w's factor, k's; with SCORES then each token's two exponents, rows' then columns'.
     ONE_COPY: all in one copy (each copy into a slice of the stage costs a barrier: the compiler cannot tell the
-    slices apart behind the stage's index). The TMA form takes it (on an H100 -3.8% at B8 T4096 where three copies
-    gave -0.8%); beside the cp.async tiles it cost the B1 rows 2% (BENCHMARKS.md, 43rd and 44th sets)."""
+    slices apart behind the stage's index). The TMA form takes it (on an H100, against its three copies, B8 T4096
+    -3.1%, B1 T32768 32/32 -0.8%); beside the cp.async tiles it cost the B1 rows 2%, so they keep three copies
+    (BENCHMARKS.md, 43rd and 45th sets)."""
     layout: gl.constexpr = _vector_layout(gl.num_warps())
     if ONE_COPY:
         i = gl.arange(0, (8 if SCORES else 4) * BT, layout=layout)
