@@ -577,6 +577,11 @@ LEAD_BESIDE_GAIN = 0.01
 # took 721 us against 168's 551 ("twelfth set"). K = 64 compiles to 246 registers uncapped (two programs
 # per SM) and to 168 with 8 bytes spilled; capped it was not measured. An empty table turns the pass off.
 HOPPER_PREPARE: Mapping[int, int | None] = types.MappingProxyType({64: None, 128: 168})
+# ... in HOPPER_PREPARE's place where the pass stores T and the score exponents (the pairs after it form P:
+# HOPPER_PAIRS_SCORES), per K. At K = 128 that form spills 56 bytes at 128 registers, none in a loop: four
+# programs per SM. On the H200 against 168: the pass 258 -> 242 us at B8 T4096 32/32 (the op -0.4%), 118 -> 115
+# at 1x65536 2/8 (-0.5%), 265 -> 262 at B1 T32768 32/32 (-0.0%), the same bits (BENCHMARKS.md, "forty-sixth set").
+HOPPER_PREPARE_SCORES: Mapping[int, int | None] = types.MappingProxyType({128: 128})
 # The Gluon prepare pass's inverse: its levels joining blocks of 1 to 8 rows inside each warp
 # (hopper_inverse_kernels) where it runs alone, B8 T4096 -2.5% on an H100 and -3.2% on an H200 (BENCHMARKS.md,
 # "the inverse's first four levels inside each warp", "thirty-third set").
@@ -789,7 +794,7 @@ def launch_tables(block_k: int, arch: str | None) -> tuple:
             HOPPER_CONCURRENT_WARP_BLOCKS_GBPS, gluon_allowed(), SEGMENT_WINDOWS,
             HOPPER_PACKED_WINDOWS, HOPPER_SCAN_WINDOWS, tuple(HOPPER_CONCURRENT_PAIRS.items()), HOPPER_PAIRS_SCORES,
             HOPPER_CONCURRENT_PACKED, tuple(HOPPER_WINDOWED_PAIRS.items()),
-            tuple(HOPPER_WINDOWED_PACKED_PAIRS.items()), HOPPER_PAIRS_TMA)
+            tuple(HOPPER_WINDOWED_PACKED_PAIRS.items()), HOPPER_PAIRS_TMA, tuple(HOPPER_PREPARE_SCORES.items()))
 
 
 def concurrent_warp_blocks(heads: int, value_heads: int, dram_gbps: float | None,
@@ -893,7 +898,7 @@ def _recipe(
     packed_windows: bool = False, scan_windows: bool = False,
     concurrent_pairs: tuple[tuple[int, int], ...] = (), pairs_scores: bool = False, concurrent_packed: bool = False,
     windowed_pairs: tuple[tuple[int, int], ...] = (), windowed_packed_pairs: tuple[tuple[int, int], ...] = (),
-    pairs_tma: bool = False,
+    pairs_tma: bool = False, prepare_scores_caps: tuple[tuple[int, int | None], ...] = (),
     *,
     sms: int | None = None,
     dram_gbps: float | None = None,
@@ -1051,10 +1056,12 @@ def _recipe(
         per_warp_beside, inverse_beside = concurrent_warp_blocks(
             heads, value_heads, dram_gbps if sms else platform.dram_gbps(device), concurrent_warp_blocks_gbps
         ) if plan.concurrent else (False, "")
+        # Where the pass stores the score exponents it takes their own cap (HOPPER_PREPARE_SCORES).
+        cap = dict(prepare_scores_caps).get(key_dim, caps[key_dim]) if scores_in_pairs else caps[key_dim]
         prepare_tail = {"CONCURRENT": dependent, "num_warps": 4, "STORE_T": from_v, "GROWTH": gluon_windows,
                         **({"SCORE_FACTORS": True} if scores_in_pairs else {}),
                         "WARP_BLOCKS": warp_block_inverse and (not dependent or per_warp_beside),
-                        **({"maxnreg": caps[key_dim]} if caps[key_dim] else {}),
+                        **({"maxnreg": cap} if cap else {}),
                         **({"launch_pdl": True} if dependent else {})}
     return _Recipe(
         spec=(q_shape, v_shape, dtype, cu_dtype, num_seqs, has_initial, output_final_state, l2norm, num_segments,
@@ -1063,6 +1070,7 @@ def _recipe(
               hopper_register_segment_stages, pairs_from_v, lead_segment, lead_beside_prepare,
               warp_block_inverse, concurrent_warp_blocks_gbps, gluon, segment_windows, packed_windows, scan_windows,
               concurrent_pairs, pairs_scores, concurrent_packed, windowed_pairs, windowed_packed_pairs, pairs_tma,
+              prepare_scores_caps,
               # What the plan read beyond the arguments (the device's SM count and DRAM, the environment): the
               # launchers keep each compiled kernel by this spec, so recipes that differ there only must not share.
               sm_count, overlap, per_warp_beside),

@@ -16,6 +16,7 @@ from polykernels.gated_delta_rule.launch import (
     HOPPER_CONCURRENT,
     HOPPER_CONCURRENT_PAIRS,
     HOPPER_PREPARE,
+    HOPPER_PREPARE_SCORES,
     HOPPER_REGISTER_PAIRS,
     HOPPER_REGISTER_SEGMENT_STAGES,
     HOPPER_REGISTER_STAGES,
@@ -188,6 +189,7 @@ for _name, _segment_state, _block_v in (
 # (launch._recipe's concurrent and lead beside the prepare pass; batch rows), with the
 # inverse's levels whole and per warp (launch.concurrent_warp_blocks).
 _PREPARE_CAP = HOPPER_PREPARE.get(128)
+_PREPARE_SCORES_CAP = HOPPER_PREPARE_SCORES.get(128, _PREPARE_CAP)  # the forms storing the score exponents
 for _name, _concurrent, _warp_blocks in (("gdn_prepare_hopper", False, HOPPER_WARP_BLOCK_INVERSE),
                                          ("gdn_prepare_hopper_concurrent", True, False),
                                          ("gdn_prepare_hopper_concurrent_warp", True, HOPPER_WARP_BLOCK_INVERSE)):
@@ -315,7 +317,7 @@ register(KernelSpec(
                 "CONCURRENT": False, "STORE_T": True, "WARP_BLOCKS": HOPPER_WARP_BLOCK_INVERSE, "GROWTH": False,
                 "SCORE_FACTORS": True},
     allowed=_on_hopper, platform_constexprs=functools.partial(_prepare_precision, False),
-    options={"num_warps": 4, **({"maxnreg": _PREPARE_CAP} if _PREPARE_CAP else {})},
+    options={"num_warps": 4, **({"maxnreg": _PREPARE_SCORES_CAP} if _PREPARE_SCORES_CAP else {})},
 ))
 # launch.HOPPER_PAIRS_TMA: the same pairs copying their tiles by TMA (the "_tma" entries, here and below).
 for _suffix, _tma in (("", False), ("_tma", True)):
@@ -353,7 +355,7 @@ for _name, _packed in (("gdn_prepare_hopper_t_scores_growth", False),
                     "CONCURRENT": False, "STORE_T": True, "WARP_BLOCKS": HOPPER_WARP_BLOCK_INVERSE, "GROWTH": True,
                     "SCORE_FACTORS": True},
         allowed=_on_hopper, platform_constexprs=functools.partial(_prepare_precision, False),
-        options={"num_warps": 4, **({"maxnreg": _PREPARE_CAP} if _PREPARE_CAP else {})},
+        options={"num_warps": 4, **({"maxnreg": _PREPARE_SCORES_CAP} if _PREPARE_SCORES_CAP else {})},
     ))
 for _name, _segment_state, _packed, _tma in (
     ("gdn_segment_state_hopper_rs_pair_from_v_window", True, False, False),
