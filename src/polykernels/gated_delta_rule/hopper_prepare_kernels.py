@@ -30,7 +30,8 @@ set": the op 0.1-1.9% faster on the H200). Non-finite rows, which end a chunk's 
 show up in the products (||k||^2 on k k^T's diagonal, any element of u); only then are the tiles
 read row by row. The outputs leave through a row-major layout in 16-byte stores. The launch caps
 registers at 168 (launch.HOPPER_PREPARE): three programs per SM where the Triton kernel's 255
-registers allowed two. Programs run the value heads of a chunk one after another
+registers allowed two; at 128 where the pass stores T and the score exponents only
+(launch.HOPPER_PREPARE_SCORES): four. Programs run the value heads of a chunk one after another
 (``kernels._chunk_program``), and v's tile is copied at the top beside q's and k's: on the H200 at
 B1 T32768 32/32 the pass takes 456 us, where it took 549-553 with programs in chunk order and v
 copied after the first products (BENCHMARKS.md, "sixteenth set"; the Triton kernel: 748 us).
