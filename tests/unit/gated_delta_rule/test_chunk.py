@@ -750,6 +750,12 @@ def test_register_state_pass_pairs_tiles_where_the_pairs_fill_the_gpu(monkeypatc
     assert beside.concurrent and beside.recurrence_meta["FROM_V"] and not beside.recurrence_meta.get("SCORES")
     assert not beside.tma and beside.workspace.parts[-1].shape == (0,)  # and their tiles by cp.async
     assert not beside.prepare_meta.get("SCORE_FACTORS") and beside.workspace.parts[2].shape == (8192, 64, 64)
+    # HOPPER_PREPARE_SCORES: the prepare pass storing the score exponents takes its own register cap, the others not
+    assert recipe.prepare_meta["maxnreg"] == launch.HOPPER_PREPARE_SCORES[128] != launch.HOPPER_PREPARE[128]
+    assert beside.prepare_meta["maxnreg"] == launch.HOPPER_PREPARE[128]
+    with monkeypatch.context() as tables:
+        tables.setattr(launch, "HOPPER_PREPARE_SCORES", {})
+        assert _sm90_recipe(monkeypatch, 8, 4096, 32, 32, None).prepare_meta["maxnreg"] == launch.HOPPER_PREPARE[128]
     monkeypatch.setattr(launch, "HOPPER_PAIRS_SCORES", False)
     recipe = _sm90_recipe(monkeypatch, 8, 4096, 32, 32, None)
     assert recipe.recurrence_meta["FROM_V"] and not recipe.recurrence_meta.get("SCORES")
