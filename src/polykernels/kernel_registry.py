@@ -12,7 +12,6 @@ checks exactly that, asking the same guard the launcher asks.
 from __future__ import annotations
 
 import argparse
-import bisect
 import importlib
 import json
 import os
@@ -22,6 +21,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from polykernels import loop_spills
 
 FAMILIES = ("polykernels.norm.registry", "polykernels.gated_delta_rule.registry")
 
@@ -136,7 +137,8 @@ def compile_here(name: str, target: str) -> dict[str, Any]:
 def resources(compiled: Any) -> dict[str, int]:
     """Registers per thread, spill bytes per thread and shared memory per program of a compiled
     kernel, read on this CPU: what makes a kernel slow before any GPU runs it (a spilling
-    kernel's stack or scratch traffic). Empty where the tool to read them is missing."""
+    kernel's stack or scratch traffic), and where it spills, the spill instructions inside its
+    loops (``loop_spills``). Empty where the tool to read them is missing."""
     found: dict[str, int] = {"shared_bytes": int(getattr(compiled.metadata, "shared", 0))}
     if "cubin" in compiled.asm:
         usage = _cuobjdump_resource_usage(compiled.asm["cubin"])
@@ -145,7 +147,7 @@ def resources(compiled: Any) -> dict[str, int]:
             return {}
         found.update(registers=int(match[1]), spill_bytes=int(match[2]))
         if found["spill_bytes"]:
-            found["loop_spill_instructions"] = loop_local_memory_instructions(_cuobjdump_sass(compiled.asm["cubin"]))
+            found["loop_spill_instructions"] = loop_spills.sass_loop_spills(_cuobjdump_sass(compiled.asm["cubin"]))
         serialized = serialized_products(compiled.asm.get("ptx", ""))
         if serialized is not None:
             found["serialized_products"] = int(serialized)
@@ -155,6 +157,8 @@ def resources(compiled: Any) -> dict[str, int]:
         if not (vgprs and scratch):
             return {}
         found.update(registers=int(vgprs[1]), spill_bytes=int(scratch[1]))
+        if found["spill_bytes"]:
+            found["loop_spill_instructions"] = loop_spills.amdgcn_loop_spills(text)
     return found
 
 
@@ -201,115 +205,6 @@ def _cuobjdump_resource_usage(cubin: bytes) -> str:
 
 def _cuobjdump_sass(cubin: bytes) -> str:
     return _run_triton_nvidia_tool("cuobjdump", "kernel.cubin", cubin, "-sass") or ""
-
-
-# A SASS line: /*address*/ [predicate] OPCODE operands ; and a branch's target address.
-_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*)")
-_BRANCH_TARGET = re.compile(r"\b(0x[0-9a-f]+)")
-# A predicate among a branch's operands (``BRA.U !UP0, 0x44b0``): the branch is taken on it alone.
-_OPERAND_PREDICATE = re.compile(r"\s*!?U?P[0-7T]\s*,")
-
-
-def loop_local_memory_instructions(sass: str) -> int:
-    """Spill loads and stores (``LDL``/``STL``) inside loops of a kernel's SASS. A spill there is paid
-    every iteration: the first form of the register-state sequential pass reloaded one address per chunk
-    and lost 40% to it on the H200 (BENCHMARKS.md, "thirteenth set"); spills before or after the loop
-    cost once.
-
-    A loop is a natural loop of the control-flow graph: a branch back to a block that every path to the
-    branch goes through, and the blocks that reach the branch from it. Not every backward branch: sm_100
-    code waits on an mbarrier in a stub at the function's end, entered by a forward branch and left by a
-    branch back to where it was entered, and the code between the two is not repeated."""
-    instructions = []  # (address, predicated, opcode, operands)
-    for line in sass.splitlines():
-        match = _SASS_LINE.search(line)
-        if match:
-            instructions.append((int(match[1], 16), bool(match[2]), match[3], match[4]))
-    successors = _control_flow(instructions)
-    predecessors: dict[int, list[int]] = {}
-    for block, targets in successors.items():
-        for target in targets:
-            predecessors.setdefault(target, []).append(block)
-    entry = instructions[0][0] if instructions else 0
-    loops: set[int] = set()
-    for block, targets in successors.items():
-        for header in targets:
-            if header <= block:
-                loops |= _natural_loop(predecessors, entry, header, block)
-    starts = sorted(successors)
-    return sum(1 for address, _, opcode, _ in instructions if _base(opcode) in ("LDL", "STL")
-               and starts[bisect.bisect_right(starts, address) - 1] in loops)
-
-
-def _base(opcode: str) -> str:
-    return opcode.split(".", maxsplit=1)[0]
-
-
-def _jump(opcode: str, operands: str) -> tuple[int | None, int | None]:
-    """(branch target, callee) of one instruction: the address a BRA goes to, or a relative CALL's."""
-    target = _BRANCH_TARGET.search(operands)
-    if target is None:
-        return None, None
-    if _base(opcode) == "BRA":
-        return int(target[1], 16), None
-    return (None, int(target[1], 16)) if opcode.startswith("CALL.REL") else (None, None)
-
-
-def _control_flow(instructions: list[tuple[int, bool, str, str]]) -> dict[int, list[int]]:
-    """Basic blocks reachable from the entry (by first address) -> their successors' first addresses: branch
-    targets, the next block where control can fall through, and the callees of relative calls."""
-    if not instructions:
-        return {}
-    jumps = [_jump(opcode, operands) for _, _, opcode, operands in instructions]
-    leaders = {instructions[0][0]}
-    for index, (_, _, opcode, _) in enumerate(instructions[:-1]):
-        target, called = jumps[index]
-        leaders.update(start for start in (target, called) if start is not None)
-        if target is not None or _base(opcode) in ("EXIT", "RET"):
-            leaders.add(instructions[index + 1][0])
-    successors: dict[int, list[int]] = {}
-    block = instructions[0][0]
-    for index, (address, predicated, opcode, operands) in enumerate(instructions):
-        target, called = jumps[index]
-        if address in leaders:
-            block = address
-            successors[block] = []
-        following = instructions[index + 1][0] if index + 1 < len(instructions) else None
-        if called is not None:  # the callee's blocks are reached from here (its RET ends them)
-            successors[block].append(called)
-        ends = target is not None or _base(opcode) in ("EXIT", "RET") or following in leaders
-        if not ends:
-            continue
-        if target is not None:
-            successors[block].append(target)
-        conditional = predicated or (target is not None and _OPERAND_PREDICATE.match(operands) is not None)
-        falls_through = conditional or (target is None and _base(opcode) not in ("EXIT", "RET"))
-        if falls_through and following is not None:
-            successors[block].append(following)
-    reached, stack = set(), [instructions[0][0]]
-    while stack:
-        block = stack.pop()
-        if block in reached or block not in successors:
-            continue
-        reached.add(block)
-        stack.extend(successors[block])
-    return {block: [s for s in targets if s in reached] for block, targets in successors.items() if block in reached}
-
-
-def _natural_loop(predecessors: dict[int, list[int]], entry: int, header: int, latch: int) -> set[int]:
-    """The blocks of the loop closed by the edge latch -> header: those that reach the latch without
-    passing the header, and the header. Empty where a path from the entry reaches the latch without
-    passing the header (the edge closes no loop)."""
-    body, stack = {header}, [latch]
-    while stack:
-        block = stack.pop()
-        if block in body:
-            continue
-        if block == entry:
-            return set()
-        body.add(block)
-        stack.extend(predecessors.get(block, []))
-    return body
 
 
 @dataclass(frozen=True, kw_only=True)

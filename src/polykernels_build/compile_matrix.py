@@ -5,10 +5,10 @@ The GPU targets are the archs of targets.toml's targets, as their backends name 
 A kernel that cannot compile for a target must be guarded off there; one that its guard allows
 must compile. Either mismatch fails the matrix. Each compile also records its registers, spill
 bytes and shared memory per target (with the launcher's warps and stages): spills are reported,
-not failed, since a spilling kernel can still be the fastest one measured (those whose NVIDIA
-spills sit inside a loop, paid every iteration, are named apart). A kernel whose Hopper
-tensor-core products ptxas serializes fails it (the compile succeeds and the kernel runs slower
-than the form it was written in). Written to build/compile-matrix.json.
+not failed, since a spilling kernel can still be the fastest one measured (those whose spills sit
+inside a loop, paid every iteration, are named apart: NVIDIA's local memory and AMD's scratch
+alike). A kernel whose Hopper tensor-core products ptxas serializes fails it (the compile succeeds
+and the kernel runs slower than the form it was written in). Written to build/compile-matrix.json.
 """
 
 from __future__ import annotations

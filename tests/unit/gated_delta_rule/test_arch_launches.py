@@ -120,7 +120,7 @@ def test_each_arch_entry_compiles_without_a_spill_inside_a_loop(arch: str) -> No
 def test_b200_defaults_compile_without_a_spill_inside_a_loop() -> None:
     # sm_100 has no entry: the default launches spill outside loops only. Its code waits on mbarriers in stubs
     # at the function's end that branch back to where they were entered, and those are no loops
-    # (kernel_registry.loop_local_memory_instructions).
+    # (polykernels.loop_spills).
     names = ["gdn_prepare", "gdn_recurrence", "gdn_recurrence_wide", "gdn_segment_state", "gdn_segment_state_wide"]
     found = _compiled("cuda:100", 128, names)
     assert sorted(found) == names
