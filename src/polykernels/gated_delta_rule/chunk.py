@@ -54,21 +54,21 @@ def _run(
     use_qk_l2norm_in_kernel: bool, num_segments: int | None, replay: tuple[list, list] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``replay``: the call's launch-program class (``_replay_class``), to record its launches under."""
-    if _path(q.device.type) == "triton":
+    if _path(q.device.type, q.dtype, q.shape[-1]) == "triton":
         return launch_chunk_gated_delta_rule(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
                                              use_qk_l2norm_in_kernel, num_segments, replay=replay)
     return chunk_gated_delta_rule_torch(q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens,
                                         use_qk_l2norm_in_kernel)
 
 
-def _path(device_type: str) -> str:
-    """guards.choose's path, decided once per (device type, platform)."""
-    return _path_on(device_type, platform.current())
+def _path(device_type: str, dtype: torch.dtype, key_dim: int) -> str:
+    """guards.choose's path, decided once per (device type, platform, fp32 inputs or not, K)."""
+    return _path_on(device_type, platform.current(), dtype == torch.float32, key_dim)
 
 
 @functools.cache
-def _path_on(device_type: str, seen: platform.Platform) -> str:
-    return guards.choose(device_type).path
+def _path_on(device_type: str, seen: platform.Platform, fp32_inputs: bool, key_dim: int) -> str:
+    return guards.choose(device_type, fp32_inputs, key_dim).path
 
 
 def _check_flag(value: object, name: str) -> bool:

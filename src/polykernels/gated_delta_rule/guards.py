@@ -1,4 +1,4 @@
-"""Which implementation of the gated delta rule runs: Triton on any GPU, torch on CPU."""
+"""Which implementation of the gated delta rule runs: Triton on any GPU (fp32 inputs up to K = 128), torch on CPU."""
 
 from __future__ import annotations
 
@@ -7,16 +7,29 @@ import os
 from polykernels import platform
 from polykernels.platform import Choice
 
+# fp32 inputs with K above this run the chunked torch implementation on GPUs too. With K = 256 the Triton
+# passes' fp32 tiles need more shared memory than a program has on sm_80, sm_86, sm_89, sm_90, sm_120 and
+# gfx942 (the prepare pass 128-256 KiB, the sequential pass 152 KiB), and where they fit (sm_100, gfx950)
+# the sequential passes spill inside their chunk loops (build host: BENCHMARKS.md, "K = 256 with fp32
+# inputs"). 16-bit inputs keep the Triton passes up to K = 256.
+FP32_TRITON_MAX_KEY_DIM = 128
 
-def choose(device_type: str) -> Choice:
-    """``Choice.path``: "triton" or "torch"."""
+
+def choose(device_type: str, fp32_inputs: bool = False, key_dim: int = 0) -> Choice:
+    """``Choice.path``: "triton" or "torch", for inputs of ``key_dim`` columns (fp32 or not)."""
     if device_type != "cuda":
         return Choice("torch", f"{device_type} tensors run the chunked torch implementation")
     if not platform.has_triton():
         return Choice("torch", "triton is not installed")
+    if fp32_inputs and key_dim > FP32_TRITON_MAX_KEY_DIM:
+        return Choice("torch", f"fp32 inputs with K = {key_dim} (above {FP32_TRITON_MAX_KEY_DIM}) run the chunked "
+                               "torch implementation on the GPU: the Triton passes' fp32 tiles of that width do "
+                               "not fit a program's shared memory, or spill inside their chunk loops where they do "
+                               "(guards.FP32_TRITON_MAX_KEY_DIM; bf16 and fp16 inputs run the Triton passes)")
     seen = platform.current()
-    return Choice("triton", f"{seen.backend} {seen.arch}: Triton chunked kernels (int64 chunk offsets): a "
-                            "parallel prepare pass, then one sequential pass per (V tile, segment, head) with the "
+    return Choice("triton", f"{seen.backend} {seen.arch}: Triton chunked kernels (int64 chunk offsets; fp32 inputs "
+                            f"with K above {FP32_TRITON_MAX_KEY_DIM}: the chunked torch implementation): a parallel "
+                            "prepare pass, then one sequential pass per (V tile, segment, head) with the "
                             "state on chip; sequences are cut into segments when N x HV x V tiles fill at most half "
                             "the SMs (launch.plan_segments; num_segments= overrides); on sm_90 both passes "
                             "of bf16/fp16 inputs with K = 64 or 128 are Gluon kernels with asynchronous wgmma "

@@ -56,7 +56,7 @@ def report(shape: GdnShape, dtype: torch.dtype = torch.bfloat16, sms: int | None
     """The plan and launches on the current platform (``platform.use`` to ask about another; ``sms`` and
     ``dram_gbps`` then stand for its SM count and its peak DRAM bandwidth, None: not known)."""
     seen = platform.current()
-    path = guards.choose("cuda" if seen.is_gpu else "cpu")
+    path = guards.choose("cuda" if seen.is_gpu else "cpu", dtype == torch.float32, shape.key_dim)
     row: dict[str, object] = {"shape": _describe(shape), "platform": f"{seen.backend} {seen.arch}", "path": path.path}
     if path.path != "triton":
         row["reason"] = path.reason

@@ -80,6 +80,26 @@ def test_triton_kernels_match_naive_recurrence(case: str, dtype: torch.dtype, in
 
 
 @pytest.mark.cpu_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_triton_kernels_match_naive_recurrence_at_the_widest_heads(dtype: torch.dtype) -> None:
+    # K = V = 256, the widest the op takes: 256-row state tiles and the launch tables' K = 256 entries. (The
+    # interpreter has no shared-memory limit: fp32 inputs this wide take the torch path on GPUs, guards.choose.)
+    check_against_naive(launch_chunk_gated_delta_rule, make_inputs(1, 130, 1, 2, 256, 256, dtype), dtype, initial=True)
+
+
+@pytest.mark.parametrize(("fp32_inputs", "key_dim", "path"), [
+    (True, 256, "torch"), (True, 129, "torch"), (True, 128, "triton"), (False, 256, "triton")])
+def test_fp32_inputs_wider_than_128_take_the_torch_path_on_gpus(fp32_inputs: bool, key_dim: int, path: str) -> None:
+    # Their Triton tiles do not fit a program's shared memory on most GPUs (the prepare pass 256 KiB on sm_90).
+    from polykernels.gated_delta_rule import guards
+
+    choice = guards.choose("cuda", fp32_inputs, key_dim)
+    assert choice.path == path
+    assert (f"fp32 inputs with K = {key_dim}" in choice.reason) == (path == "torch")
+    assert guards.choose("cpu", fp32_inputs, key_dim).path == "torch"
+
+
+@pytest.mark.cpu_only
 @pytest.mark.parametrize("gate", ["zero", "very_negative"])
 def test_triton_kernels_extreme_gates(gate: str) -> None:
     dtype = torch.float32
@@ -982,6 +1002,17 @@ GPU_CASES = [(case, torch.bfloat16) for case in CASES] + [("T65", torch.float16)
 def test_gpu_matches_naive_recurrence(gpu_device: str, case: str, dtype: torch.dtype) -> None:
     inputs = make_inputs(*CASES[case], dtype, device=gpu_device)
     check_against_naive(launch_chunk_gated_delta_rule, inputs, dtype, initial=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_gpu_widest_heads_through_the_op(gpu_device: str, dtype: torch.dtype) -> None:
+    # K = V = 256 through the public op: bf16 on the Triton passes (their K = 256 launches), fp32 on the chunked
+    # torch implementation (guards.FP32_TRITON_MAX_KEY_DIM): on sm_90 the Triton prepare pass would need 256 KiB
+    # of shared memory for fp32 tiles this wide and could not launch.
+    packed = boundaries([300, 0, 213], gpu_device)
+    inputs = make_inputs(1, 513, 2, 4, 256, 256, dtype, device=gpu_device)
+    check_against_naive(chunk_gated_delta_rule, inputs, dtype, initial=True, cu_seqlens=packed, num_seqs=3)
 
 
 @pytest.mark.gpu

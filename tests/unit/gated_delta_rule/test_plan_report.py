@@ -102,6 +102,17 @@ def test_gdn_shape_rejects_what_the_op_would(text: str, packed: bool, message: s
         GdnShape.parse(text, packed)
 
 
+def test_info_gdn_says_fp32_inputs_wider_than_128_run_torch(gluon_release: None,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info", "--gdn", "1,4096,2,8,256,128", "--dtype", "fp32", "--target", "cuda:90", "--sms", "132",
+                 "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["path"] == "torch" and "fp32 inputs with K = 256" in row["reason"] and "launches" not in row
+    assert main(["info", "--gdn", "1,4096,2,8,256,128", "--target", "cuda:90", "--sms", "132", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["path"] == "triton" and row["launches"]
+
+
 def test_info_gdn_prints_the_plan_for_a_target(gluon_release: None, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["info", "--gdn", "1,32768,4,16", "--target", "cuda:90", "--sms", "132", "--json"]) == 0
     row = json.loads(capsys.readouterr().out)
