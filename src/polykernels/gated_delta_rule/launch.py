@@ -430,15 +430,25 @@ ARCH_RECURRENCE_LAUNCH: Mapping[tuple[str, int], tuple[int, int]] = types.Mappin
     {**{(arch, 64): (8, 3) for arch in _NARROW_ONLY}, **{(arch, 128): (8, 3) for arch in _NARROW_ONLY},
      **{(arch, 256): (8, 2) for arch in _NARROW_ONLY}})
 ARCH_PREPARE_LAUNCH: Mapping[tuple[str, int], tuple[int, int]] = types.MappingProxyType({})
+# The sequential passes' (num_warps, num_stages) for fp32 inputs per (GPU arch, K tile), where the entry above
+# spills inside their chunk loop with fp32 tiles: on gfx950 (160 KiB of LDS) two stages of them fit at K = 128
+# and both V tiles reload 9 and 66 values a chunk from scratch, at K = 64 three stages reload 2; one and two
+# stages reload none (build host, `polykernels.loop_spills`; BENCHMARKS.md, "AMD spills inside loops").
+# gfx942's 64 KiB hold one stage at K = 128 anyway. No such GPU was here to time them.
+ARCH_FP32_RECURRENCE_LAUNCH: Mapping[tuple[str, int], tuple[int, int]] = types.MappingProxyType(
+    {("gfx950", 64): (4, 2), ("gfx950", 128): (4, 1)})
 
 
-def triton_pass_launches(arch: str | None, block_k: int) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+def triton_pass_launches(arch: str | None, block_k: int, fp32_inputs: bool = False,
+                         ) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
     """(V tiles (wide, narrow), (num_warps, num_stages) of the sequential passes, (V tile, num_warps) of the
     prepare pass) of the Triton passes at K tile ``block_k`` on GPU arch ``arch``: the per-arch tables' entry
-    where there is one, else the default's."""
+    where there is one (for fp32 inputs, ARCH_FP32_RECURRENCE_LAUNCH's first), else the default's."""
     prepare_k = max(block_k, PREPARE_MIN_BLOCK)
-    return (ARCH_RECURRENCE_BLOCK_V.get((arch or "", block_k), RECURRENCE_BLOCK_V[block_k]),
-            ARCH_RECURRENCE_LAUNCH.get((arch or "", block_k), RECURRENCE_LAUNCH[block_k]),
+    key = (arch or "", block_k)
+    sequential = ARCH_RECURRENCE_LAUNCH.get(key, RECURRENCE_LAUNCH[block_k])
+    return (ARCH_RECURRENCE_BLOCK_V.get(key, RECURRENCE_BLOCK_V[block_k]),
+            ARCH_FP32_RECURRENCE_LAUNCH.get(key, sequential) if fp32_inputs else sequential,
             ARCH_PREPARE_LAUNCH.get((arch or "", prepare_k), PREPARE_LAUNCH[prepare_k]))
 
 
@@ -700,7 +710,7 @@ def launch_chunk_gated_delta_rule(
     seen = platform.current()
     recipe = _recipe(q.shape, v.shape, q.dtype, None if cu_seqlens is None else cu_seqlens.dtype, num_seqs,
                      initial_state is not None, output_final_state, use_qk_l2norm_in_kernel, num_segments, device,
-                     seen, *launch_tables(_block(key_dim), seen.arch))
+                     seen, *launch_tables(_block(key_dim), seen.arch, q.dtype == torch.float32))
     run = _launchers()
     cu = cu_seqlens if cu_seqlens is not None else _unused_offsets(device)
     initial = initial_state.float().contiguous() if initial_state is not None else final
@@ -783,10 +793,10 @@ def launch_chunk_gated_delta_rule(
     return o, final if output_final_state else None
 
 
-def launch_tables(block_k: int, arch: str | None) -> tuple:
-    """The launch tables' entries ``_recipe`` reads on GPU arch ``arch``, in its order after the platform
-    (its cache key holds them: a table replaced gets a recipe of its own)."""
-    return (*triton_pass_launches(arch, block_k),
+def launch_tables(block_k: int, arch: str | None, fp32_inputs: bool = False) -> tuple:
+    """The launch tables' entries ``_recipe`` reads on GPU arch ``arch`` for inputs of that dtype, in its order
+    after the platform (its cache key holds them: a table replaced gets a recipe of its own)."""
+    return (*triton_pass_launches(arch, block_k, fp32_inputs),
             tuple(HOPPER_STAGES.items()), tuple(HOPPER_PREPARE.items()), tuple(HOPPER_REGISTER_STAGES.items()),
             tuple(HOPPER_REGISTER_PAIRS.items()), tuple(HOPPER_CONCURRENT.items()), tuple(COMBINE_LAUNCH.items()),
             tuple(HOPPER_REGISTER_CUT.items()), tuple(HOPPER_REGISTER_SEGMENT_STAGES.items()), HOPPER_PAIRS_FROM_V,

@@ -67,14 +67,15 @@ def report(shape: GdnShape, dtype: torch.dtype = torch.bfloat16, sms: int | None
     q_shape = torch.Size([batch, tokens, shape.heads, shape.key_dim])
     v_shape = torch.Size([batch, tokens, shape.value_heads, shape.value_dim])
     device = torch.device("cuda", torch.cuda.current_device()) if sms is None else torch.device("cuda")
-    block_k = launch._block(shape.key_dim)
+    block_k, fp32 = launch._block(shape.key_dim), dtype == torch.float32
     recipe = launch._recipe(q_shape, v_shape, dtype, torch.int32 if shape.packed else None, shape.num_seqs, False,
-                            True, False, None, device, seen, *launch.launch_tables(block_k, seen.arch), sms=sms,
+                            True, False, None, device, seen, *launch.launch_tables(block_k, seen.arch, fp32),
+                            sms=sms,
                             dram_gbps=dram_gbps)
     plan = recipe.plan
     # The Triton passes run (not both Gluon passes) with their arch's own launches, not the default's.
     own = (not (recipe.hopper and recipe.hopper_prepare)
-           and launch.triton_pass_launches(seen.arch, block_k) != launch.triton_pass_launches(None, block_k))
+           and launch.triton_pass_launches(seen.arch, block_k, fp32) != launch.triton_pass_launches(None, block_k))
     row.update({
         "segments": plan.segments, "segment_chunks": plan.segment_chunks, "v_tile": plan.block_v * plan.warpgroups,
         "plan": plan.reason,

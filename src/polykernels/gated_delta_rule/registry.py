@@ -40,8 +40,8 @@ _PREPARE_BV = PREPARE_LAUNCH[128][0]
 _RECURRENCE_BV = RECURRENCE_BLOCK_V[128][1]
 
 
-def _arch_launches(block_k: int) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
-    return triton_pass_launches(platform.current().arch, block_k)
+def _arch_launches(block_k: int, fp32_inputs: bool = False) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    return triton_pass_launches(platform.current().arch, block_k, fp32_inputs)
 
 
 def _prepare_tile(block_k: int) -> dict[str, int]:
@@ -58,8 +58,8 @@ def _recurrence_tile(block_k: int, wide: bool) -> dict[str, int]:
     return {"BV": block_v, "NV": 128 // block_v}
 
 
-def _recurrence_options(block_k: int) -> dict[str, int]:
-    num_warps, num_stages = _arch_launches(block_k)[1]
+def _recurrence_options(block_k: int, fp32_inputs: bool = False) -> dict[str, int]:
+    num_warps, num_stages = _arch_launches(block_k, fp32_inputs)[1]
     return {"num_warps": num_warps, "num_stages": num_stages}
 
 
@@ -132,7 +132,7 @@ def triton_pass_specs(block_k: int = 128) -> list[KernelSpec]:
         constexprs={**shape, "V": 128, "VARLEN": True, "LOG_N": 4, "HAS_INITIAL": True,
                     "SEGMENT_STATE": segment_state, "STORE_FINAL": True},
         platform_constexprs=lambda precise=precise, wide=wide: {**precise(), **_recurrence_tile(block_k, wide)},
-        platform_options=lambda: _recurrence_options(block_k),
+        platform_options=lambda fp32=precise is _precision_fp32: _recurrence_options(block_k, fp32),
     ) for name, segment_state, signature, precise, wide in (
         ("gdn_recurrence", False, _RECURRENCE_SIGNATURE, _precision, False),
         ("gdn_segment_state", True, _RECURRENCE_SIGNATURE, _precision, False),

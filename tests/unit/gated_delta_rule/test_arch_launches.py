@@ -21,8 +21,8 @@ def _recipe_on(monkeypatch: pytest.MonkeyPatch, target: str, sms: int, batch: in
     with platform.use(seen):
         return launch._recipe(
             torch.Size([batch, tokens, heads, 128]), torch.Size([batch, tokens, value_heads, 128]), dtype, None,
-            batch, False, True, False, None, torch.device("cuda"), seen, *launch.launch_tables(128, seen.arch),
-            sms=sms)
+            batch, False, True, False, None, torch.device("cuda"), seen,
+            *launch.launch_tables(128, seen.arch, dtype == torch.float32), sms=sms)
 
 
 @pytest.mark.parametrize(("target", "sms"), [("cuda:80", 108), ("cuda:86", 84), ("cuda:89", 142), ("cuda:120", 84)])
@@ -45,12 +45,56 @@ def test_archs_whose_wide_tile_spills_in_its_loop_run_the_narrow_tile(monkeypatc
 def test_archs_without_an_entry_take_the_default_tables(monkeypatch: pytest.MonkeyPatch) -> None:
     # The H200's Triton passes (fp32 inputs there), the B200's and AMD's keep the tables measured on the H200.
     for target, dtype in (("cuda:90", torch.float32), ("cuda:100", torch.bfloat16), ("hip:gfx942", torch.float32),
-                          ("hip:gfx950", torch.float32)):
+                          ("hip:gfx950", torch.bfloat16)):
         recipe = _recipe_on(monkeypatch, target, 132, 8, 4096, 32, 32, dtype=dtype)
         assert (recipe.recurrence_meta["num_warps"], recipe.recurrence_meta["num_stages"]) == \
             launch.RECURRENCE_LAUNCH[128], target
         assert recipe.recurrence_meta["BV"] == launch.RECURRENCE_BLOCK_V[128][0], target
         assert recipe.prepare_meta["num_warps"] == launch.PREPARE_LAUNCH[128][1], target
+
+
+def test_fp32_inputs_take_their_own_sequential_launches_where_the_table_has_one(monkeypatch: pytest.MonkeyPatch,
+                                                                                ) -> None:
+    # gfx950: fp32 tiles of three stages spill inside the chunk loop; 16-bit inputs keep the default's stages.
+    fp32 = _recipe_on(monkeypatch, "hip:gfx950", 256, 8, 4096, 32, 32, dtype=torch.float32)
+    bf16 = _recipe_on(monkeypatch, "hip:gfx950", 256, 8, 4096, 32, 32)
+    assert (fp32.recurrence_meta["num_warps"], fp32.recurrence_meta["num_stages"]) == \
+        launch.ARCH_FP32_RECURRENCE_LAUNCH[("gfx950", 128)]
+    assert (bf16.recurrence_meta["num_warps"], bf16.recurrence_meta["num_stages"]) == launch.RECURRENCE_LAUNCH[128]
+    assert launch.triton_pass_launches("gfx950", 64, fp32_inputs=True)[1] == launch.ARCH_FP32_RECURRENCE_LAUNCH[
+        ("gfx950", 64)]
+    assert launch.triton_pass_launches("gfx942", 128, fp32_inputs=True) == launch.triton_pass_launches("gfx942", 128)
+
+
+# The sequential passes of fp32 inputs (both V tiles, both passes) at one K tile, with the launcher's fp32 launches.
+_FP32_COMPILE = """
+import dataclasses, json, sys
+from polykernels import kernel_registry
+from polykernels.gated_delta_rule import registry
+target, block_k, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+specs = {spec.name: spec for spec in registry.triton_pass_specs(block_k)}
+for name in names:
+    spec = specs[name]
+    fp32 = dataclasses.replace(
+        spec, name=name + "_fp32_inputs", signature=registry._fp32(spec.signature),
+        platform_constexprs=lambda spec=spec: {**spec.platform_constexprs(), **registry._precision_fp32()},
+        platform_options=lambda: registry._recurrence_options(block_k, True))
+    kernel_registry.register(fp32)
+    print(json.dumps(kernel_registry.compile_here(fp32.name, target)), flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("arch", "block_k"), sorted(launch.ARCH_FP32_RECURRENCE_LAUNCH))
+def test_each_fp32_entry_compiles_without_a_spill_inside_a_loop(arch: str, block_k: int) -> None:
+    target = f"hip:{arch}" if arch.startswith("gfx") else f"cuda:{arch.removeprefix('sm_')}"
+    suffix = "" if block_k == 128 else f"_k{block_k}"
+    names = [f"{name}{suffix}" for name in ("gdn_recurrence", "gdn_recurrence_wide", "gdn_segment_state",
+                                            "gdn_segment_state_wide")]
+    found = _compiled(target, block_k, names, _FP32_COMPILE)
+    assert sorted(found) == sorted(f"{name}_fp32_inputs" for name in names)
+    for name, used in found.items():
+        assert "registers" in used and not used.get("loop_spill_instructions"), (name, used)
 
 
 # Compiles Triton pass specs at one K tile for one target in a process of its own (a bad compile can end
@@ -67,13 +111,13 @@ for name in names:
 """
 
 
-def _compiled(target: str, block_k: int, names: list[str]) -> dict[str, dict]:
+def _compiled(target: str, block_k: int, names: list[str], script: str | None = None) -> dict[str, dict]:
     import os
     import subprocess
     import sys
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE, target, str(block_k), *names], capture_output=True,
+    done = subprocess.run([sys.executable, "-c", script or _COMPILE, target, str(block_k), *names], capture_output=True,
                           text=True, env=env, timeout=900, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
