@@ -8,9 +8,9 @@ from polykernels import platform
 from polykernels.platform import Choice
 
 # fp32 inputs with K above this run the chunked torch implementation on GPUs too. With K = 256 the Triton
-# passes' fp32 tiles need more shared memory than a program has on sm_80, sm_86, sm_89, sm_90, sm_120 and
-# gfx942 (the prepare pass 128-256 KiB, the sequential pass 152 KiB), and where they fit (sm_100, gfx950)
-# the sequential passes spill inside their chunk loops (build host: BENCHMARKS.md, "K = 256 with fp32
+# prepare pass's fp32 tiles need more shared memory than a program has on sm_80, sm_86, sm_89, sm_90, sm_120
+# and gfx942 (128-256 KiB), the sequential pass's (152 KiB) too on the 99 KiB parts, and the sequential
+# passes spill inside their chunk loops wherever they fit (build host: BENCHMARKS.md, "K = 256 with fp32
 # inputs"). 16-bit inputs keep the Triton passes up to K = 256.
 FP32_TRITON_MAX_KEY_DIM = 128
 
