@@ -216,7 +216,8 @@ def chunk_gated_delta_rule(
     Returns:
         ``(o, final_state)``: o ``[B, T, HV, V]`` in v's dtype; final_state ``[N, HV, K, V]``
         fp32 when ``output_final_state``, else None. GPU tensors run the Triton kernels (CUDA and
-        ROCm); CPU tensors run the chunked torch implementation. A NaN/Inf in a token's inputs
+        ROCm), but fp32 inputs with K above 128 (whose Triton tiles do not fit most GPUs' shared memory)
+        and CPU tensors run the chunked torch implementation. A NaN/Inf in a token's inputs
         makes that token's output and every later one of its sequence NaN, never an earlier one.
     """
     replay = None
