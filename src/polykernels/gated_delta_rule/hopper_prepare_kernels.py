@@ -104,6 +104,18 @@ def gated_scores(qk, s_r, b_c, r, c):
 
 
 @gluon.jit
+def chunk_scales(chunk_start, length, i_hv, HV: gl.constexpr):
+    """Where a chunk's per-token scales start with SCORE_FACTORS (in P's place, launch.HOPPER_PAIRS_SCORES): for
+    each value head eight parts of ``length`` floats, each part's tokens contiguous (q's scale, k's, w's factor of
+    k, none, the scores' row exponent, their column exponent, none, none), the heads one after another from
+    chunk_start x 8 HV. The pairs forming P copy each part a line per warp, where a token-major [tokens, heads]
+    vector is a line per token (the copy's 32 lanes a wavefront each in the shared-memory queue, ncu:
+    BENCHMARKS.md, "forty-sixth set"). The token-major vectors are stored too: the segment-state pass after
+    windows reads them (it forms no P)."""
+    return chunk_start * (8 * HV) + i_hv * (8 * length)
+
+
+@gluon.jit
 def _bf16_pairs(x):
     """x in bf16, two elements per cvt.rn.bf16x2.f32, opaque to LLVM: a doubling step (a select of z)
     converted with ``.to`` became a conversion of z (shared with z's own) followed by a select and a
@@ -289,10 +301,10 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
                       use_acc=not WARP_BLOCKS, is_async=True)
     # In the first product's shadow: the scores leave, or (SCORE_FACTORS) their row and column exponents,
     # from which the pairs form them (hopper_register_kernels._scores).
-    if SCORE_FACTORS:
-        factors = P_ptr + (row_of + r * HV) * 2
-        gl.store(factors, s_r, mask=r < length)
-        gl.store(factors + 1, b_by_row, mask=r < length)
+    if SCORE_FACTORS:  # parts 4 and 5 of the chunk's scales
+        scales = P_ptr + chunk_scales(chunk_start, length, i_hv, HV) + r
+        gl.store(scales + 4 * length, s_r, mask=r < length)
+        gl.store(scales + 5 * length, b_by_row, mask=r < length)
     else:
         _store_rows(P_ptr + row_of * BT, scores.to(P_ptr.dtype.element_ty), length, BT, HV * BT, BT, BT)
     z = warpgroup_mma_wait(0, deps=(z,))
@@ -313,7 +325,10 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
         b_c = gl.convert_layout(gl.where(keep_r, b_r, 0.0), gl.SliceLayout(0, square))
         _store_rows(W_ptr + row_of * BT, (inverse * b_c[None, :]).to(W_ptr.dtype.element_ty), length, BT, HV * BT,
                     BT, BT)
-        gl.store(U_ptr + row_of + r * HV, gl.where(keep_r, rk * gl.exp(gc), 0.0), mask=r < length)
+        k_factor = gl.where(keep_r, rk * gl.exp(gc), 0.0)
+        if SCORE_FACTORS:  # part 2 of the chunk's scales
+            gl.store(P_ptr + chunk_scales(chunk_start, length, i_hv, HV) + 2 * length + r, k_factor, mask=r < length)
+        gl.store(U_ptr + row_of + r * HV, k_factor, mask=r < length)
         first_bad_v = first_bad
     else:
         # Step 3: w = Ai diag(beta gamma / ||k||) k and u = Ai diag(beta) v, per V tile (one accumulator
@@ -356,8 +371,15 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
 
     # The sequential pass reads raw q and k: their norms, the gates and the masks go in here.
     in_chunk = r < length
-    gl.store(QS_ptr + row_of + r * HV, gl.where(keep, scale * rq * gl.exp(gc), _NAN), mask=in_chunk)
-    gl.store(KS_ptr + row_of + r * HV, gl.where(keep, rk * gl.exp(gate_last - gc), 0.0), mask=in_chunk)
+    q_scale = gl.where(keep, scale * rq * gl.exp(gc), _NAN)
+    k_scale = gl.where(keep, rk * gl.exp(gate_last - gc), 0.0)
+    if SCORE_FACTORS:  # parts 0 and 1 of the chunk's scales
+        scales = P_ptr + chunk_scales(chunk_start, length, i_hv, HV) + r
+        gl.store(scales, q_scale, mask=in_chunk)
+        gl.store(scales + length, k_scale, mask=in_chunk)
+    # Token-major too: the segment-state pass after windows (it forms no P) reads them so.
+    gl.store(QS_ptr + row_of + r * HV, q_scale, mask=in_chunk)
+    gl.store(KS_ptr + row_of + r * HV, k_scale, mask=in_chunk)
     gl.store(DECAY_ptr + row_of, gl.where(first_bad_v < BT, _NAN, gl.exp(gate_last)))
     if GROWTH:  # in the chunk's second row, which no pass reads a decay from
         gl.store(DECAY_ptr + row_of + HV, growth, mask=length > 1)

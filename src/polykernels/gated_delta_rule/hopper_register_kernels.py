@@ -97,7 +97,7 @@ from polykernels.gated_delta_rule.hopper_kernels import (
     _smem_layout,
     _store_segment_state,
 )
-from polykernels.gated_delta_rule.hopper_prepare_kernels import gated_scores
+from polykernels.gated_delta_rule.hopper_prepare_kernels import chunk_scales, gated_scores
 from polykernels.gated_delta_rule.hopper_scan_kernels import _NAN_BITS, _scan_from_lead, _state_after_windows, _window
 
 # Scalar arithmetic only (no layouts), so the Triton helper serves Gluon kernels too.
@@ -180,23 +180,30 @@ def _copy_chunk_from_v(chunk_start, end, stage, i_h, i_hv, col0, v_limit, Q_ptr,
 def _copy_scales_from_v(chunk_start, end, stage, i_hv, P_ptr, QS_ptr, KS_ptr, WS_ptr, scales_s, HV: gl.constexpr,
                         BT: gl.constexpr, SCORES: gl.constexpr, ONE_COPY: gl.constexpr = False):
     """The FROM_V form's per-token scales of a chunk (``_copy_chunk_from_v``), then the chunk's cp.async group.
-    Each BT-long part: q's, k's, w's factor, k's; with SCORES then each token's two exponents, rows' then columns'.
-    ONE_COPY: all in one copy (each copy into a slice of the stage costs a barrier: the compiler cannot tell the
-    slices apart behind the stage's index). The TMA form takes it (on an H100, against its three copies, B8 T4096
+    Each BT-long part: q's, k's, w's factor, k's; with SCORES (k's only once) then each token's two exponents, rows'
+    then columns', from the chunk's scales as the prepare pass stores them there (``chunk_scales``: each part's
+    tokens contiguous, so a warp's copy reads one line). ONE_COPY (with SCORES): all in one copy (each copy into a
+    slice of the stage costs a barrier: the compiler cannot tell the slices apart behind the stage's index). The TMA
+    form takes it (on an H100, against its three copies, B8 T4096
     -3.1%, B1 T32768 32/32 -0.8%); beside the cp.async tiles it cost the B1 rows 2%, so they keep three copies
     (BENCHMARKS.md, 43rd and 45th sets)."""
+    gl.static_assert(SCORES or not ONE_COPY, "ONE_COPY: the chunk's scales where the pairs form P")
     layout: gl.constexpr = _vector_layout(gl.num_warps())
-    if ONE_COPY:
-        i = gl.arange(0, (8 if SCORES else 4) * BT, layout=layout)
-        part = i // BT
-        token = i % BT
-        offsets = (chunk_start * HV + i_hv) + token * HV
-        pointers = gl.where(part == 0, QS_ptr, gl.where(part == 2, WS_ptr, KS_ptr)) + offsets
-        inside = chunk_start + token < end
-        if SCORES:  # the buffer's last two parts are not copied
-            pointers = gl.where(part >= 4, P_ptr + offsets * 2 + (part == 5).to(gl.int32), pointers)
-            inside = inside & (part < 6)
-        async_copy.async_copy_global_to_shared(scales_s.index(stage), pointers, inside)
+    if SCORES:  # the prepare pass's chunk_scales: each part's tokens contiguous, parts 3, 6 and 7 not copied
+        length = gl.minimum(end - chunk_start, BT)
+        scales = P_ptr + chunk_scales(chunk_start, length, i_hv, HV)
+        if ONE_COPY:
+            i = gl.arange(0, 8 * BT, layout=layout)
+            part, token = i // BT, i % BT
+            async_copy.async_copy_global_to_shared(scales_s.index(stage), scales + part * length + token,
+                                                   (token < length) & (part != 3) & (part < 6))
+        else:
+            i = gl.arange(0, 2 * BT, layout=layout)
+            part, token = i // BT, i % BT
+            for first in gl.static_range(0, 6, 2):
+                async_copy.async_copy_global_to_shared(scales_s.index(stage).slice(first * BT, 2 * BT),
+                                                       scales + (first + part) * length + token,
+                                                       (token < length) & (first + part != 3))
     else:
         i = gl.arange(0, 2 * BT, layout=layout)
         token = i % BT
@@ -206,9 +213,6 @@ def _copy_scales_from_v(chunk_start, end, stage, i_hv, P_ptr, QS_ptr, KS_ptr, WS
                                                gl.where(i < BT, QS_ptr + offsets, KS_ptr + offsets), inside)
         async_copy.async_copy_global_to_shared(scales_s.index(stage).slice(2 * BT, 2 * BT),
                                                gl.where(i < BT, WS_ptr + offsets, KS_ptr + offsets), inside)
-        if SCORES:  # each token's two exponents side by side (hopper_prepare_kernels' SCORE_FACTORS)
-            async_copy.async_copy_global_to_shared(scales_s.index(stage).slice(4 * BT, 2 * BT),
-                                                   P_ptr + offsets * 2 + (i >= BT).to(gl.int32), inside)
     async_copy.commit_group()
 
 

@@ -1173,7 +1173,8 @@ def _workspace(total: int, value_heads: int, key_dim: int, value_dim: int, dtype
         ((total, value_heads, key_dim), dtype),
         # from_v: k's per-token factor in w (fp32) in u's place; T takes w's.
         ((total, value_heads), torch.float32) if from_v else ((total, value_heads, value_dim), dtype),
-        ((total, value_heads, 2), torch.float32) if score_factors else ((total, value_heads, CHUNK), dtype),
+        # score_factors: the chunk's scales (hopper_prepare_kernels.chunk_scales), eight floats a token and head.
+        ((total, value_heads, 8), torch.float32) if score_factors else ((total, value_heads, CHUNK), dtype),
         *[((total, value_heads), torch.float32)] * 3,  # the q, k and decay scales
         ((segments, value_heads, key_dim, value_dim), torch.float32),
         ((segments, value_heads, key_dim, key_dim), torch.float32),

@@ -756,9 +756,10 @@ def test_register_state_pass_pairs_tiles_where_the_pairs_fill_the_gpu(monkeypatc
     # HOPPER_PAIRS_FROM_V: the prepare pass stores T, the pairs form v_new from v (u's part holds k's factor)
     assert recipe.recurrence_meta["FROM_V"] and recipe.prepare_meta["STORE_T"]
     assert recipe.workspace.parts[1].shape == (8 * 4096, 32) and recipe.workspace.parts[1].dtype == torch.float32
-    # HOPPER_PAIRS_SCORES: after the prepare pass the pairs form P too, from two fp32 exponents per token in its place
+    # HOPPER_PAIRS_SCORES: after the prepare pass the pairs form P too, from two fp32 exponents per token in its place,
+    # there among the chunk's scales (hopper_prepare_kernels.chunk_scales: eight fp32 a token and head)
     assert recipe.recurrence_meta["SCORES"] and recipe.prepare_meta["SCORE_FACTORS"]
-    assert recipe.workspace.parts[2].shape == (8 * 4096, 32, 2) and recipe.workspace.parts[2].dtype == torch.float32
+    assert recipe.workspace.parts[2].shape == (8 * 4096, 32, 8) and recipe.workspace.parts[2].dtype == torch.float32
     # HOPPER_PAIRS_TMA: their tiles by TMA, the descriptors in the workspace (TMA_SCRATCH_BYTES a program)
     assert recipe.tma and recipe.recurrence_meta["TMA"]
     assert recipe.workspace.parts[-1].shape == (8 * 32 * launch.TMA_SCRATCH_BYTES,)
@@ -1590,7 +1591,7 @@ def test_windowed_pairs_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
     assert recipe.recurrence_meta["TMA"] and not recipe.segment_state_meta.get("TMA")
     assert parts["descriptors"].shape == (4 * 32 * launch.TMA_SCRATCH_BYTES,)  # one wave of 128 pair programs
     assert parts["u"].shape == (32768, 32) and parts["u"].dtype == torch.float32  # k's factor in w
-    assert parts["scores"].shape == (32768, 32, 2)  # P's two exponents per token
+    assert parts["scores"].shape == (32768, 32, 8)  # the chunks' scales (P's two exponents per token among them)
     assert parts["h_local"].shape == (4, 32, 128, 128) and parts["transitions"].shape == (4, 32, 128, 128)
     assert parts["h_init"].shape[0] == 0 and parts["flags"].shape == (0,)
     assert _sm90_recipe(monkeypatch, 1, 32768, 32, 32, None, has_initial=True).recurrence_meta["HAS_INITIAL"]
