@@ -70,8 +70,7 @@ def report(shape: GdnShape, dtype: torch.dtype = torch.bfloat16, sms: int | None
     block_k, fp32 = launch._block(shape.key_dim), dtype == torch.float32
     recipe = launch._recipe(q_shape, v_shape, dtype, torch.int32 if shape.packed else None, shape.num_seqs, False,
                             True, False, None, device, seen, *launch.launch_tables(block_k, seen.arch, fp32),
-                            sms=sms,
-                            dram_gbps=dram_gbps)
+                            sms=sms, dram_gbps=dram_gbps)
     plan = recipe.plan
     # The Triton passes run (not both Gluon passes) with their arch's own launches, not the default's.
     own = (not (recipe.hopper and recipe.hopper_prepare)
