@@ -128,17 +128,19 @@ def triton_pass_specs(block_k: int = 128) -> list[KernelSpec]:
         options={"num_stages": 1}, platform_options=lambda: _prepare_options(block_k),
     ))
     specs += [KernelSpec(
-        name=f"{name}{suffix}", module=_PASSES, function="gdn_recurrence_kernel", signature=signature,
+        name=f"{name}{suffix}", module=_PASSES, function="gdn_recurrence_kernel",
+        signature=_fp32(_RECURRENCE_SIGNATURE) if fp32 else _RECURRENCE_SIGNATURE,
         constexprs={**shape, "V": 128, "VARLEN": True, "LOG_N": 4, "HAS_INITIAL": True,
                     "SEGMENT_STATE": segment_state, "STORE_FINAL": True},
-        platform_constexprs=lambda precise=precise, wide=wide: {**precise(), **_recurrence_tile(block_k, wide)},
-        platform_options=lambda fp32=precise is _precision_fp32: _recurrence_options(block_k, fp32),
-    ) for name, segment_state, signature, precise, wide in (
-        ("gdn_recurrence", False, _RECURRENCE_SIGNATURE, _precision, False),
-        ("gdn_segment_state", True, _RECURRENCE_SIGNATURE, _precision, False),
-        ("gdn_recurrence_wide", False, _RECURRENCE_SIGNATURE, _precision, True),
-        ("gdn_segment_state_wide", True, _RECURRENCE_SIGNATURE, _precision, True),
-        ("gdn_recurrence_fp32", False, _fp32(_RECURRENCE_SIGNATURE), _precision_fp32, False))]
+        platform_constexprs=lambda fp32=fp32, wide=wide: {**(_precision_fp32() if fp32 else _precision()),
+                                                          **_recurrence_tile(block_k, wide)},
+        platform_options=lambda fp32=fp32: _recurrence_options(block_k, fp32),
+    ) for name, segment_state, fp32, wide in (
+        ("gdn_recurrence", False, False, False),
+        ("gdn_segment_state", True, False, False),
+        ("gdn_recurrence_wide", False, False, True),
+        ("gdn_segment_state_wide", True, False, True),
+        ("gdn_recurrence_fp32", False, True, False))]
     specs.append(KernelSpec(
         name=f"gdn_segment_state_window{suffix}", module=_PASSES, function="gdn_recurrence_kernel",
         signature={**_RECURRENCE_SIGNATURE, "SEGMENT_WINDOW": "constexpr"},
