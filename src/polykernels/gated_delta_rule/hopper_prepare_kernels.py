@@ -79,11 +79,11 @@ from polykernels.gated_delta_rule.kernels import (
     _chunk_span,
     _doubling_step,
     _flag_slots,
+    _nan,
     _ready_slot,
 )
 from polykernels.gated_delta_rule.ready_flags import end_after_leader, raise_flag
 
-_NAN = gl.constexpr(float("nan"))
 _INF = gl.constexpr(float("inf"))
 _LOG2E = gl.constexpr(1.4426950408889634)
 
@@ -110,8 +110,8 @@ def chunk_scales(chunk_start, length, i_hv, HV: gl.constexpr):
     k, none, the scores' row exponent, their column exponent, none, none), the heads one after another from
     chunk_start x 8 HV. The pairs forming P copy each part a line per warp, where a token-major [tokens, heads]
     vector is a line per token (the copy's 32 lanes a wavefront each in the shared-memory queue, ncu:
-    BENCHMARKS.md, "forty-sixth set"). The token-major vectors are stored too: the segment-state pass after
-    windows reads them (it forms no P)."""
+    BENCHMARKS.md, "forty-sixth set"). The windowed segment states before those pairs read them here too
+    (hopper_register_kernels, CHUNK_SCALES): no token-major copy is stored."""
     return chunk_start * (8 * HV) + i_hv * (8 * length)
 
 
@@ -328,7 +328,8 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
         k_factor = gl.where(keep_r, rk * gl.exp(gc), 0.0)
         if SCORE_FACTORS:  # part 2 of the chunk's scales
             gl.store(P_ptr + chunk_scales(chunk_start, length, i_hv, HV) + 2 * length + r, k_factor, mask=r < length)
-        gl.store(U_ptr + row_of + r * HV, k_factor, mask=r < length)
+        else:
+            gl.store(U_ptr + row_of + r * HV, k_factor, mask=r < length)
         first_bad_v = first_bad
     else:
         # Step 3: w = Ai diag(beta gamma / ||k||) k and u = Ai diag(beta) v, per V tile (one accumulator
@@ -371,15 +372,15 @@ def _prepare_chunk(Q_ptr, K_ptr, V_ptr, G_ptr, BETA_ptr, W_ptr, U_ptr, P_ptr, QS
 
     # The sequential pass reads raw q and k: their norms, the gates and the masks go in here.
     in_chunk = r < length
-    q_scale = gl.where(keep, scale * rq * gl.exp(gc), _NAN)
+    q_scale = gl.where(keep, scale * rq * gl.exp(gc), _nan())
     k_scale = gl.where(keep, rk * gl.exp(gate_last - gc), 0.0)
     if SCORE_FACTORS:  # parts 0 and 1 of the chunk's scales
         scales = P_ptr + chunk_scales(chunk_start, length, i_hv, HV) + r
         gl.store(scales, q_scale, mask=in_chunk)
         gl.store(scales + length, k_scale, mask=in_chunk)
-    # Token-major too: the segment-state pass after windows (it forms no P) reads them so.
-    gl.store(QS_ptr + row_of + r * HV, q_scale, mask=in_chunk)
-    gl.store(KS_ptr + row_of + r * HV, k_scale, mask=in_chunk)
-    gl.store(DECAY_ptr + row_of, gl.where(first_bad_v < BT, _NAN, gl.exp(gate_last)))
+    else:
+        gl.store(QS_ptr + row_of + r * HV, q_scale, mask=in_chunk)
+        gl.store(KS_ptr + row_of + r * HV, k_scale, mask=in_chunk)
+    gl.store(DECAY_ptr + row_of, gl.where(first_bad_v < BT, _nan(), gl.exp(gate_last)))
     if GROWTH:  # in the chunk's second row, which no pass reads a decay from
         gl.store(DECAY_ptr + row_of + HV, growth, mask=length > 1)

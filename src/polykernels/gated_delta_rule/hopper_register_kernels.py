@@ -33,7 +33,9 @@ per token (``_scores``), not copied in: on an H100 at B8 T4096 32/32 the op 4.5%
 (BENCHMARKS.md "thirty-seventh set"). The same pairs also run cut batch rows (launch.HOPPER_WINDOWED_PAIRS):
 the segment-state pass in this order without outputs (FROM_V with SEGMENT_STATE and SEGMENT_WINDOW: no q, P or o;
 a transition program's v reads 0), then the pairs with AFTER_WINDOWS, each scanning back to the last window
-(``hopper_scan_kernels``, one buffer per step at their 128 columns). w's factor of k comes in through WS_ptr.
+(``hopper_scan_kernels``, one buffer per step at their 128 columns). w's factor of k comes in through WS_ptr,
+or, where the pairs form P, with the chunk's other scales in P's place (the segment states before them too:
+CHUNK_SCALES), so the prepare pass stores the scales once.
 Where those pairs form P their tiles of T, k, q and v come in by TMA (launch.HOPPER_PAIRS_TMA, TMA here): one copy
 instruction a tile from one thread, where cp.async took 14 instructions a thread whose burst held up the loads on
 the state's path in the shared-memory queue (BENCHMARKS.md, "forty-third set"); each program's descriptors live in
@@ -158,11 +160,12 @@ def _store_output_t(O_ptr, out_s, chunk_start, end, i_hv, col0, HV: gl.constexpr
 def _copy_chunk_from_v(chunk_start, end, stage, i_h, i_hv, col0, v_limit, Q_ptr, K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr,
                        KS_ptr, WS_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, H: gl.constexpr, HV: gl.constexpr,
                        K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr, BV: gl.constexpr,
-                       SCORES: gl.constexpr, OUTPUTS: gl.constexpr):
+                       SCORES: gl.constexpr, OUTPUTS: gl.constexpr, CHUNK_MAJOR: gl.constexpr):
     """The FROM_V form's chunk, one cp.async group: T (BT x BT), k, v's columns (those past ``v_limit``
     read 0), q, P, and the scales (q's, k's, then w's factor of k and k's again: two power-of-two vectors).
     SCORES: no P, but the exponents P is formed from (``_scores``), rows' then columns', after the scales.
-    Without OUTPUTS (a segment-state program) neither q nor P."""
+    Without OUTPUTS (a segment-state program) neither q nor P. CHUNK_MAJOR: the scales where the prepare pass
+    stores them with SCORE_FACTORS (``_copy_scales_from_v``)."""
     row_of = chunk_start * HV + i_hv
     qk_chunk = (chunk_start * H + i_h) * K
     _copy_tile(t_s.index(stage), T_ptr + row_of * BT, chunk_start, end, 0, BT, HV * BT, BT, BT, False, True)
@@ -173,23 +176,28 @@ def _copy_chunk_from_v(chunk_start, end, stage, i_h, i_hv, col0, v_limit, Q_ptr,
         _copy_tile(q_s.index(stage), Q_ptr + qk_chunk, chunk_start, end, 0, K, H * K, BT, BK, False, True)
     if OUTPUTS and not SCORES:
         _copy_tile(p_s.index(stage), P_ptr + row_of * BT, chunk_start, end, 0, BT, HV * BT, BT, BT, False, True)
-    _copy_scales_from_v(chunk_start, end, stage, i_hv, P_ptr, QS_ptr, KS_ptr, WS_ptr, scales_s, HV, BT, SCORES)
+    _copy_scales_from_v(chunk_start, end, stage, i_hv, P_ptr, QS_ptr, KS_ptr, WS_ptr, scales_s, HV, BT, SCORES,
+                        CHUNK_MAJOR)
 
 
 @gluon.jit
 def _copy_scales_from_v(chunk_start, end, stage, i_hv, P_ptr, QS_ptr, KS_ptr, WS_ptr, scales_s, HV: gl.constexpr,
-                        BT: gl.constexpr, SCORES: gl.constexpr, ONE_COPY: gl.constexpr = False):
+                        BT: gl.constexpr, SCORES: gl.constexpr, CHUNK_MAJOR: gl.constexpr,
+                        ONE_COPY: gl.constexpr = False):
     """The FROM_V form's per-token scales of a chunk (``_copy_chunk_from_v``), then the chunk's cp.async group.
     Each BT-long part: q's, k's, w's factor, k's; with SCORES (k's only once) then each token's two exponents, rows'
-    then columns', from the chunk's scales as the prepare pass stores them there (``chunk_scales``: each part's
-    tokens contiguous, so a warp's copy reads one line). ONE_COPY (with SCORES): all in one copy (each copy into a
+    then columns'. CHUNK_MAJOR (wherever the pairs form P: SCORES, and the windowed segment states before them):
+    from the chunk's scales as the prepare pass stores them there (``chunk_scales``: each part's tokens contiguous,
+    so a warp's copy reads one line), k's only once; else from the token-major [tokens, heads] vectors.
+    ONE_COPY (with SCORES): all in one copy (each copy into a
     slice of the stage costs a barrier: the compiler cannot tell the slices apart behind the stage's index). The TMA
     form takes it (on an H100, against its three copies, B8 T4096
     -3.1%, B1 T32768 32/32 -0.8%); beside the cp.async tiles it cost the B1 rows 2%, so they keep three copies
     (BENCHMARKS.md, 43rd and 45th sets)."""
     gl.static_assert(SCORES or not ONE_COPY, "ONE_COPY: the chunk's scales where the pairs form P")
+    gl.static_assert(CHUNK_MAJOR or not SCORES, "SCORES: the prepare pass stores the scales chunk-major")
     layout: gl.constexpr = _vector_layout(gl.num_warps())
-    if SCORES:  # the prepare pass's chunk_scales: each part's tokens contiguous, parts 3, 6 and 7 not copied
+    if CHUNK_MAJOR:  # the prepare pass's chunk_scales: each part's tokens contiguous, parts 3, 6 and 7 not copied
         length = gl.minimum(end - chunk_start, BT)
         scales = P_ptr + chunk_scales(chunk_start, length, i_hv, HV)
         if ONE_COPY:
@@ -200,7 +208,7 @@ def _copy_scales_from_v(chunk_start, end, stage, i_hv, P_ptr, QS_ptr, KS_ptr, WS
         else:
             i = gl.arange(0, 2 * BT, layout=layout)
             part, token = i // BT, i % BT
-            for first in gl.static_range(0, 6, 2):
+            for first in gl.static_range(0, 6 if SCORES else 4, 2):
                 async_copy.async_copy_global_to_shared(scales_s.index(stage).slice(first * BT, 2 * BT),
                                                        scales + (first + part) * length + token,
                                                        (token < length) & (first + part != 3))
@@ -399,7 +407,7 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, v_limit, Q_ptr, K_ptr, T_
                    HV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, BK: gl.constexpr,
                    BV: gl.constexpr, STAGES: gl.constexpr, CHECKED: gl.constexpr, state_l: gl.constexpr,
                    chunk_l: gl.constexpr, flags, AWAIT: gl.constexpr, SCORES: gl.constexpr, OUTPUTS: gl.constexpr,
-                   TMA: gl.constexpr = False):
+                   TMA: gl.constexpr = False, CHUNK_MAJOR: gl.constexpr = False):
     """FlashInfer's order of the chain: v_new^T = (v^T - (k h)^T diag(ws)) T^T, three products on
     the state's path (k h, T, the update), with q h and P behind them (launch.HOPPER_PAIRS_FROM_V).
     CHECKED: each chunk's v and k rows from the first non-finite one are zeroed, and that row's outputs
@@ -411,7 +419,9 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, v_limit, Q_ptr, K_ptr, T_
     Without OUTPUTS (a windowed segment-state program) the state's path alone: no q, P, q h or o; v's
     columns past ``v_limit`` read 0 (a transition program's). TMA (the output pass forming P,
     launch.HOPPER_PAIRS_TMA): T, k, q and v come in by TMA (``_copy_chunk_tma``), the scales by cp.async in one
-    copy."""
+    copy. CHUNK_MAJOR: the scales as the prepare pass stores them where the pairs form P (``_copy_scales_from_v``;
+    SCORES takes them so)."""
+    gl.static_assert(CHUNK_MAJOR or not SCORES, "SCORES: the prepare pass stores the scales chunk-major")
     dtype: gl.constexpr = T_ptr.dtype.element_ty
     state_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=chunk_l, k_width=2)
     update_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=state_l, k_width=2)
@@ -430,11 +440,11 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, v_limit, Q_ptr, K_ptr, T_
         if TMA:
             _copy_chunk_tma(ahead, ahead, ready, descriptors, t_s, k_s, q_s, v_s, BT, ahead < chunks)
             _copy_scales_from_v(start + ahead * BT, end, ahead, i_hv, P_ptr, QS_ptr, KS_ptr, WS_ptr, scales_s, HV, BT,
-                                SCORES, True)
+                                SCORES, True, True)
         else:
             _copy_chunk_from_v(start + ahead * BT, end, ahead, i_h, i_hv, col0, v_limit, Q_ptr, K_ptr, T_ptr, V_ptr,
                                P_ptr, QS_ptr, KS_ptr, WS_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, H, HV, K, V, BT, BK,
-                               BV, SCORES, OUTPUTS)
+                               BV, SCORES, OUTPUTS, CHUNK_MAJOR)
     zero = gl.zeros([BV, BT], gl.float32, layout=chunk_l)
     for c in range(0, chunks):
         chunk_start, stage, decay = _chunk_in(c, start, DECAY_ptr, i_hv, HV, BT, STAGES)
@@ -457,11 +467,11 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, v_limit, Q_ptr, K_ptr, T_
             _copy_chunk_tma(c + STAGES - 1, (c + STAGES - 1) % STAGES, ready, descriptors, t_s, k_s, q_s, v_s, BT,
                             c + STAGES - 1 < chunks)
             _copy_scales_from_v(chunk_start + (STAGES - 1) * BT, end, (c + STAGES - 1) % STAGES, i_hv, P_ptr, QS_ptr,
-                                KS_ptr, WS_ptr, scales_s, HV, BT, SCORES, True)
+                                KS_ptr, WS_ptr, scales_s, HV, BT, SCORES, True, True)
         else:
             _copy_chunk_from_v(chunk_start + (STAGES - 1) * BT, end, (c + STAGES - 1) % STAGES, i_h, i_hv, col0,
                                v_limit, Q_ptr, K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr, KS_ptr, WS_ptr, t_s, k_s, q_s, p_s,
-                               v_s, scales_s, H, HV, K, V, BT, BK, BV, SCORES, OUTPUTS)
+                               v_s, scales_s, H, HV, K, V, BT, BK, BV, SCORES, OUTPUTS, CHUNK_MAJOR)
         w_scale = scales_s.index(stage).slice(2 * BT, BT).load(tokens_of)
         v_t = v_s.index(stage).permute((1, 0)).load(chunk_l).to(gl.float32)
         if SCORES:  # q k^T was issued first: it is done before k h
@@ -506,7 +516,7 @@ def gdn_recurrence_hopper_rs_kernel(
     STAGES: gl.constexpr, AWAIT: gl.constexpr, FROM_V: gl.constexpr = False, LEAD: gl.constexpr = False,
     AFTER_LEAD: gl.constexpr = False, FIRST_TAKES_REST: gl.constexpr = False,
     SEGMENT_WINDOW: gl.constexpr = False, AFTER_WINDOWS: gl.constexpr = False, SCORES: gl.constexpr = False,
-    TMA: gl.constexpr = False,
+    TMA: gl.constexpr = False, CHUNK_SCALES: gl.constexpr = False,
 ):
     gl.static_assert(K == BK, "the Hopper pass takes whole K rows (K a power of two)")
     WARPS: gl.constexpr = gl.num_warps()
@@ -518,6 +528,8 @@ def gdn_recurrence_hopper_rs_kernel(
     gl.static_assert(not (FROM_V and SEGMENT_STATE and not SEGMENT_WINDOW),
                      "FROM_V: segment states only in the windowed form")
     gl.static_assert((FROM_V and not SEGMENT_STATE) or not SCORES, "SCORES: the FROM_V output pass forms P itself")
+    gl.static_assert(not CHUNK_SCALES or (FROM_V and SEGMENT_WINDOW),
+                     "CHUNK_SCALES: the windowed segment states before the pairs forming P (which take them so)")
     gl.static_assert(not (LEAD and (SEGMENT_STATE or FROM_V or AFTER_LEAD)), "LEAD: an output pass")
     gl.static_assert(not SEGMENT_WINDOW or (SEGMENT_STATE and not AWAIT and not FIRST_TAKES_REST),
                      "SEGMENT_WINDOW: a segment-state pass after the prepare pass (its GROWTH in the decays)")
@@ -533,6 +545,8 @@ def gdn_recurrence_hopper_rs_kernel(
     tokens_of: gl.constexpr = gl.SliceLayout(0, chunk_l)
     dtype: gl.constexpr = W_ptr.dtype.element_ty
     OUTPUTS: gl.constexpr = not SEGMENT_STATE
+    # The scales as the prepare pass stores them where the pairs form P (chunk_scales), or token-major.
+    CHUNK_MAJOR: gl.constexpr = SCORES or CHUNK_SCALES
     # u's columns all lie inside V: no column mask (the transition programs mask all of theirs: u = 0).
     U_COLS_IN: gl.constexpr = V % BV == 0 and OUTPUTS
     # A launch depends on this one programmatically (the prepare pass beside it, or the segment-state pass after
@@ -605,7 +619,8 @@ def gdn_recurrence_hopper_rs_kernel(
         t_s, k_s, q_s, p_s, v_s, scales_s, out_s = _from_v_stages(dtype, STAGES, BT, BK, BV, SCORES)
         state = _chunks_from_v(state, start, end, i_h, i_hv, col0, u_limit, Q_ptr, K_ptr, W_ptr, U_ptr, P_ptr, QS_ptr,
                                KS_ptr, WS_ptr, DECAY_ptr, O_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, out_s, H, HV, K, V,
-                               BT, BK, BV, STAGES, False, state_l, chunk_l, flags, AWAIT, SCORES, OUTPUTS, TMA)
+                               BT, BK, BV, STAGES, False, state_l, chunk_l, flags, AWAIT, SCORES, OUTPUTS, TMA,
+                               CHUNK_MAJOR)
         # A non-finite v or k row reaches every row of T's product (0 x Inf), and from there the state:
         # the rare output program whose state ends non-finite runs again, checking each chunk's v and k rows
         # (a segment state ends non-finite either way). The entry state is formed again: held across the
@@ -623,7 +638,7 @@ def gdn_recurrence_hopper_rs_kernel(
                     state = _chunks_from_v(state, start, end, i_h, i_hv, col0, u_limit, Q_ptr, K_ptr, W_ptr, U_ptr,
                                            P_ptr, QS_ptr, KS_ptr, WS_ptr, DECAY_ptr, O_ptr, t2_s, k2_s, q2_s, p2_s,
                                            v2_s, scales2_s, out2_s, H, HV, K, V, BT, BK, BV, STAGES, True, state_l,
-                                           chunk_l, flags, AWAIT, SCORES, OUTPUTS, TMA)
+                                           chunk_l, flags, AWAIT, SCORES, OUTPUTS, TMA, CHUNK_MAJOR)
                 else:
                     if HAS_INITIAL:
                         state = gl.load(HINIT_ptr + (i_s * HV + i_hv) * K * V + tile, mask=tile_mask, other=0.0)
@@ -632,7 +647,7 @@ def gdn_recurrence_hopper_rs_kernel(
                     state = _chunks_from_v(state, start, end, i_h, i_hv, col0, u_limit, Q_ptr, K_ptr, W_ptr, U_ptr,
                                            P_ptr, QS_ptr, KS_ptr, WS_ptr, DECAY_ptr, O_ptr, t_s, k_s, q_s, p_s, v_s,
                                            scales_s, out_s, H, HV, K, V, BT, BK, BV, STAGES, True, state_l, chunk_l,
-                                           flags, AWAIT, SCORES, OUTPUTS, TMA)
+                                           flags, AWAIT, SCORES, OUTPUTS, TMA, CHUNK_MAJOR)
     else:
         w_s, k_s, q_s, p_s, u_s = _chunk_stages(dtype, STAGES, BT, BK, BV)
         scales_s = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * BT],

@@ -53,7 +53,9 @@ def _bad(x):
 
 @triton.jit
 def _nan():
-    return tl.full([], 0x7FC00000, tl.int32).to(tl.float32, bitcast=True)
+    """A quiet NaN from its bits (a NaN constant differs from itself in Triton's check of a kernel's globals);
+    a scalar cast, which makes no layout, so Gluon kernels take it too."""
+    return tl.cast(0x7FC00000, tl.float32, bitcast=True)
 
 
 @triton.jit

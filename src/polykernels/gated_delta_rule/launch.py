@@ -1048,6 +1048,8 @@ def _recipe(
             segment_tail = ({"STAGES": segment_stages, "num_warps": 4 * plan.warpgroups, "AWAIT": beside_prepare,
                              "FROM_V": from_v, "LEAD": False, "AFTER_LEAD": lead, "FIRST_TAKES_REST": beside_prepare,
                              **({"SEGMENT_WINDOW": True} if gluon_windows else {}),
+                             # the scales where the pairs after them read them (the prepare pass's SCORE_FACTORS)
+                             **({"CHUNK_SCALES": True} if scores_in_pairs and gluon_windows else {}),
                              **({"launch_pdl": True} if lead else {})}
                             if segment_stages
                             else {"STAGES": dict(hopper_stages)[block_v], "num_warps": 4})
@@ -1166,16 +1168,19 @@ def _workspace(total: int, value_heads: int, key_dim: int, value_dim: int, dtype
                score_factors: bool = False, descriptors: int = 0) -> Layout:
     """The parts of ``_Scratch``; those a class of call does not use are empty (``combined``: a combine
     pass writes each segment's initial state; the lead form's output pass scans the segment states itself;
-    ``score_factors``: the pairs form P, from two exponents per token stored in its place; ``descriptors``:
-    the bytes of the output pass's TMA descriptors, its global scratch)."""
+    ``score_factors``: the pairs form P, from two exponents per token stored in its place with the other
+    per-token scales, so the token-major ones are empty; ``descriptors``: the bytes of the output pass's TMA
+    descriptors, its global scratch)."""
     segments = max_segments if segmented else 0
+    token_scales = 0 if score_factors else total
     return Layout.of([
         ((total, value_heads, key_dim), dtype),
         # from_v: k's per-token factor in w (fp32) in u's place; T takes w's.
-        ((total, value_heads), torch.float32) if from_v else ((total, value_heads, value_dim), dtype),
+        ((token_scales, value_heads), torch.float32) if from_v else ((total, value_heads, value_dim), dtype),
         # score_factors: the chunk's scales (hopper_prepare_kernels.chunk_scales), eight floats a token and head.
         ((total, value_heads, 8), torch.float32) if score_factors else ((total, value_heads, CHUNK), dtype),
-        *[((total, value_heads), torch.float32)] * 3,  # the q, k and decay scales
+        *[((token_scales, value_heads), torch.float32)] * 2,  # the q and k scales
+        ((total, value_heads), torch.float32),  # the decays
         ((segments, value_heads, key_dim, value_dim), torch.float32),
         ((segments, value_heads, key_dim, key_dim), torch.float32),
         ((segments if combined else 0, value_heads, key_dim, value_dim), torch.float32),

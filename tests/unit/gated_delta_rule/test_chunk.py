@@ -1584,14 +1584,18 @@ def test_windowed_pairs_recipe(monkeypatch: pytest.MonkeyPatch) -> None:
     pair_stages = launch.HOPPER_REGISTER_PAIRS[64]
     assert (states["BV"], states["num_warps"], states["STAGES"]) == (128, 8, pair_stages)
     assert states["FROM_V"] and states["SEGMENT_WINDOW"] and "SCORES" not in states and not states["AWAIT"]
+    assert states["CHUNK_SCALES"]  # the scales where the pairs after them read them
     assert (outputs["BV"], outputs["num_warps"], outputs["STAGES"]) == (128, 8, pair_stages)
     assert outputs["FROM_V"] and outputs["SCORES"] and outputs["AFTER_WINDOWS"] and not outputs["HAS_INITIAL"]
     parts = dict(zip(launch._Scratch._fields, recipe.workspace.parts, strict=True))
     # HOPPER_PAIRS_TMA: in the output pass only
     assert recipe.recurrence_meta["TMA"] and not recipe.segment_state_meta.get("TMA")
     assert parts["descriptors"].shape == (4 * 32 * launch.TMA_SCRATCH_BYTES,)  # one wave of 128 pair programs
-    assert parts["u"].shape == (32768, 32) and parts["u"].dtype == torch.float32  # k's factor in w
-    assert parts["scores"].shape == (32768, 32, 8)  # the chunks' scales (P's two exponents per token among them)
+    # The chunks' scales (P's two exponents per token, k's factor in w, q's and k's scales among them): no
+    # token-major copy of any
+    assert parts["scores"].shape == (32768, 32, 8)
+    assert all(parts[name].shape == (0, 32) for name in ("u", "q_scale", "k_scale"))
+    assert parts["decay"].shape == (32768, 32)
     assert parts["h_local"].shape == (4, 32, 128, 128) and parts["transitions"].shape == (4, 32, 128, 128)
     assert parts["h_init"].shape[0] == 0 and parts["flags"].shape == (0,)
     assert _sm90_recipe(monkeypatch, 1, 32768, 32, 32, None, has_initial=True).recurrence_meta["HAS_INITIAL"]
