@@ -189,11 +189,10 @@ def _copy_scales_from_v(chunk_start, end, stage, i_hv, P_ptr, QS_ptr, KS_ptr, WS
     then columns'. CHUNK_MAJOR (wherever the pairs form P: SCORES, and the windowed segment states before them):
     from the chunk's scales as the prepare pass stores them there (``chunk_scales``: each part's tokens contiguous,
     so a warp's copy reads one line), k's only once; else from the token-major [tokens, heads] vectors.
-    ONE_COPY (with SCORES): all in one copy (each copy into a
-    slice of the stage costs a barrier: the compiler cannot tell the slices apart behind the stage's index). The TMA
-    form takes it (on an H100, against its three copies, B8 T4096
-    -3.1%, B1 T32768 32/32 -0.8%); beside the cp.async tiles it cost the B1 rows 2%, so they keep three copies
-    (BENCHMARKS.md, 43rd and 45th sets)."""
+    ONE_COPY (with SCORES): all in one copy (each copy into a slice of the stage costs a barrier: the compiler
+    cannot tell the slices apart behind the stage's index). The TMA form takes it (on an H100, against its three
+    copies, B8 T4096 -3.1%, B1 T32768 32/32 -0.8%); beside the cp.async tiles it cost the B1 rows 2%, so they keep
+    three copies (BENCHMARKS.md, 43rd and 45th sets)."""
     gl.static_assert(SCORES or not ONE_COPY, "ONE_COPY: the chunk's scales where the pairs form P")
     gl.static_assert(CHUNK_MAJOR or not SCORES, "SCORES: the prepare pass stores the scales chunk-major")
     layout: gl.constexpr = _vector_layout(gl.num_warps())
@@ -440,7 +439,7 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, v_limit, Q_ptr, K_ptr, T_
         if TMA:
             _copy_chunk_tma(ahead, ahead, ready, descriptors, t_s, k_s, q_s, v_s, BT, ahead < chunks)
             _copy_scales_from_v(start + ahead * BT, end, ahead, i_hv, P_ptr, QS_ptr, KS_ptr, WS_ptr, scales_s, HV, BT,
-                                SCORES, True, True)
+                                SCORES, CHUNK_MAJOR, True)
         else:
             _copy_chunk_from_v(start + ahead * BT, end, ahead, i_h, i_hv, col0, v_limit, Q_ptr, K_ptr, T_ptr, V_ptr,
                                P_ptr, QS_ptr, KS_ptr, WS_ptr, t_s, k_s, q_s, p_s, v_s, scales_s, H, HV, K, V, BT, BK,
@@ -467,7 +466,7 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, v_limit, Q_ptr, K_ptr, T_
             _copy_chunk_tma(c + STAGES - 1, (c + STAGES - 1) % STAGES, ready, descriptors, t_s, k_s, q_s, v_s, BT,
                             c + STAGES - 1 < chunks)
             _copy_scales_from_v(chunk_start + (STAGES - 1) * BT, end, (c + STAGES - 1) % STAGES, i_hv, P_ptr, QS_ptr,
-                                KS_ptr, WS_ptr, scales_s, HV, BT, SCORES, True, True)
+                                KS_ptr, WS_ptr, scales_s, HV, BT, SCORES, CHUNK_MAJOR, True)
         else:
             _copy_chunk_from_v(chunk_start + (STAGES - 1) * BT, end, (c + STAGES - 1) % STAGES, i_h, i_hv, col0,
                                v_limit, Q_ptr, K_ptr, T_ptr, V_ptr, P_ptr, QS_ptr, KS_ptr, WS_ptr, t_s, k_s, q_s, p_s,
