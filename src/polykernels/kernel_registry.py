@@ -12,6 +12,7 @@ checks exactly that, asking the same guard the launcher asks.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import json
 import os
@@ -94,8 +95,9 @@ def _gpu_target(target: str) -> Any:
     return GPUTarget("hip", seen.arch, seen.warp_size)
 
 
-def compile_here(name: str, target: str) -> dict[str, Any]:
-    """Compile one specialization in this process (may kill it: use `probe`)."""
+def compile_here(name: str, target: str, fingerprint: bool = False) -> dict[str, Any]:
+    """Compile one specialization in this process (may kill it: use `probe`). ``fingerprint``: also the
+    hash of its instructions (``code_fingerprint``)."""
     import triton
     from triton.compiler import ASTSource
 
@@ -131,7 +133,45 @@ def compile_here(name: str, target: str) -> dict[str, Any]:
     return {"kernel": name, "target": target, "ok": True, "binary": binary,
             "bytes": len(compiled.asm[binary]) if binary else 0,
             "resources": {**resources(compiled), "num_stages": options.get("num_stages", 1),
-                          "shared_limit": limit or 0}}
+                          "shared_limit": limit or 0},
+            **({"code_fingerprint": code_fingerprint(compiled)} if fingerprint else {})}
+
+
+def code_fingerprint(compiled: Any) -> str | None:
+    """A hash of a compiled kernel's instructions alone (``instruction_lines``): two sources that compile to the
+    same machine code have the same one, whatever their line numbers, so a rewrite meant to change no code
+    (a rename, a helper moved, a flag that is always on where it acts) is checked on the build host before any
+    GPU runs it. None where the tool to read a cubin is missing."""
+    cubin = compiled.asm.get("cubin")
+    lines = instruction_lines(_cuobjdump_sass(cubin) if cubin else compiled.asm.get("amdgcn", ""))
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16] if lines else None
+
+
+_SASS_ADDRESS = re.compile(r"^\s*/\*[0-9a-f]+\*/")
+
+
+def instruction_lines(text: str) -> list[str]:
+    """The instructions of SASS (``cuobjdump -sass``: with their encodings) or AMD assembly, one per line, without
+    what a source edit moves and the code does not: addresses, line tables, comments, directives, labels and the
+    kernel's name."""
+    raw_lines = text.splitlines()
+    sass = any(_SASS_ADDRESS.match(raw) for raw in raw_lines)
+    lines = []
+    for raw in raw_lines:
+        if sass:
+            if _SASS_ADDRESS.match(raw):  # "/*0040*/  OPCODE operands ;  /* encoding */", its scheduling bits in it
+                code = _SASS_ADDRESS.sub("", raw)
+            elif raw.lstrip().startswith("/* 0x"):  # the encoding's second half
+                code = raw
+            else:  # the dump's headers, the line tables
+                continue
+        else:  # AMD assembly: its comments from ";", directives from "."
+            code = raw.split(";", 1)[0].strip()
+            if code.startswith((".", "//")) or code.endswith(":"):
+                continue
+        if code.strip():
+            lines.append(" ".join(code.split()))
+    return lines
 
 
 def resources(compiled: Any) -> dict[str, int]:
@@ -257,10 +297,12 @@ def main(argv: list[str] | None = None) -> int:
     one = sub.add_parser("compile", help="compile in this process and print JSON")
     one.add_argument("name")
     one.add_argument("target", help="a Triton target: cuda:NN (sm_NN) or hip:gfxNNN")
+    one.add_argument("--fingerprint", action="store_true",
+                     help="also a hash of the instructions: the same before and after a rewrite that changes no code")
     args = parser.parse_args(argv)
     # Run as `python -m`, this file is __main__; families register into the imported module.
     registry = importlib.import_module("polykernels.kernel_registry")
-    print(json.dumps(registry.compile_here(args.name, args.target)), flush=True)
+    print(json.dumps(registry.compile_here(args.name, args.target, args.fingerprint)), flush=True)
     return 0
 
 

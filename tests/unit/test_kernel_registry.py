@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import triton.language as tl
 
-from polykernels.kernel_registry import resources, serialized_products
+from polykernels.kernel_registry import code_fingerprint, instruction_lines, resources, serialized_products
 
 
 def _carried_product_kernel():
@@ -111,23 +111,45 @@ def _accumulate(X, Y, N, BLOCK: tl.constexpr, LOOP: tl.constexpr):
     tl.store(Y + offsets, total)
 
 
-def _accumulating_kernel():
+def _accumulate_moved(X, Y, N, BLOCK: tl.constexpr, LOOP: tl.constexpr):
+    # _accumulate with its lines moved (this comment, the blank lines): the same code at other line numbers.
+    offsets = tl.arange(0, BLOCK)
+
+    total = tl.load(X + offsets)
+    if LOOP:
+        for i in range(1, N):
+            total = total * tl.load(X + i * BLOCK + offsets) + i
+    else:
+        total = total * tl.load(X + BLOCK + offsets) + 1
+
+    tl.store(Y + offsets, total)
+
+
+def _accumulating_kernel(moved: bool = False):
     """``_accumulate`` compiled for a GPU even where the CPU tests interpret ``triton.jit`` kernels."""
     from triton.runtime.jit import JITFunction
 
-    return JITFunction(_accumulate)
+    return JITFunction(_accumulate_moved if moved else _accumulate)
 
 
-def _accumulating_resources(loop: bool, amd: bool = False, block: int = 8192) -> dict:
+def _accumulating_compile(loop: bool, amd: bool = False, block: int = 8192, moved: bool = False):
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     signature = {"X": "*fp32", "Y": "*fp32", "N": "i32", "BLOCK": "constexpr", "LOOP": "constexpr"}
-    source = ASTSource(_accumulating_kernel(), signature=signature, constexprs={"BLOCK": block, "LOOP": loop})
+    source = ASTSource(_accumulating_kernel(moved), signature=signature, constexprs={"BLOCK": block, "LOOP": loop})
     if amd:
-        return resources(triton.compile(source, target=GPUTarget("hip", "gfx942", 64), options={"num_warps": 1}))
-    return resources(triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1, "maxnreg": 64}))
+        return triton.compile(source, target=GPUTarget("hip", "gfx942", 64), options={"num_warps": 1})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 1, "maxnreg": 64})
+
+
+def _accumulating_resources(loop: bool, amd: bool = False, block: int = 8192) -> dict:
+    return resources(_accumulating_compile(loop, amd, block))
+
+
+def _accumulating_fingerprint(loop: bool, amd: bool, moved: bool) -> str | None:
+    return code_fingerprint(_accumulating_compile(loop, amd, 1024, moved))
 
 
 @pytest.mark.slow
@@ -148,3 +170,36 @@ def test_amd_spills_inside_a_loop_are_told_from_spills_outside_on_the_build_host
                                          "t._accumulating_resources(True, amd=True, block=32768)]")
     assert outside["spill_bytes"] and outside["loop_spill_instructions"] == 0
     assert in_loop["spill_bytes"] and in_loop["loop_spill_instructions"] > 0
+
+
+_SASS = """
+	code for sm_90a
+		Function : k
+	.headerflags	@"EF_CUDA_SM90"
+        /*0000*/                   LDC R1, c[0x0][0x28] ;                     /* 0x00000a00ff017b82 */
+                                                                              /* 0x000e700000000800 */
+        //## File "kernels.py", line 10
+        /*0010*/                   EXIT ;                                     /* 0x000000000000794d */
+                                                                              /* 0x000fea0003800000 */
+"""
+
+
+def test_instruction_lines_keep_the_code_and_drop_what_a_source_edit_moves() -> None:
+    lines = instruction_lines(_SASS)
+    assert lines == ["LDC R1, c[0x0][0x28] ; /* 0x00000a00ff017b82 */", "/* 0x000e700000000800 */",
+                          "EXIT ; /* 0x000000000000794d */", "/* 0x000fea0003800000 */"]
+    assert instruction_lines(_SASS.replace("line 10", "line 42").replace("Function : k", "Function : j")) == lines
+    assert instruction_lines(_SASS.replace("LDC R1", "LDC R2")) != lines
+    assert instruction_lines(_SASS.replace("0x000fea0003800000", "0x000fe20003800000")) != lines  # scheduling bits
+    amd = "k:\n  s_load_dword s0, s[0:1], 0x0 ; a comment\n.LBB0_1:\n  .loc 1 10 0\n  s_endpgm\n"
+    assert instruction_lines(amd) == ["s_load_dword s0, s[0:1], 0x0", "s_endpgm"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("amd", [False, True], ids=["sm_90", "gfx942"])
+def test_a_kernel_moved_in_its_source_keeps_its_code_fingerprint_on_the_build_host(amd: bool) -> None:
+    same, moved, other = _in_fresh_process(f"[t._accumulating_fingerprint(True, {amd}, False), "
+                                           f"t._accumulating_fingerprint(True, {amd}, True), "
+                                           f"t._accumulating_fingerprint(False, {amd}, False)]")
+    assert same is not None and same == moved
+    assert other != same
