@@ -753,13 +753,16 @@ def test_register_state_pass_pairs_tiles_where_the_pairs_fill_the_gpu(monkeypatc
     assert recipe.hopper_registers and recipe.recurrence_grid == (1, 8, 32)
     assert (recipe.recurrence_meta["BV"], recipe.recurrence_meta["num_warps"]) == (128, 8)
     assert recipe.recurrence_meta["STAGES"] == launch.HOPPER_REGISTER_PAIRS[64]
-    # HOPPER_PAIRS_FROM_V: the prepare pass stores T, the pairs form v_new from v (u's part holds k's factor)
+    # HOPPER_PAIRS_FROM_V: the prepare pass stores T, the pairs form v_new from v
     assert recipe.recurrence_meta["FROM_V"] and recipe.prepare_meta["STORE_T"]
-    assert recipe.workspace.parts[1].shape == (8 * 4096, 32) and recipe.workspace.parts[1].dtype == torch.float32
     # HOPPER_PAIRS_SCORES: after the prepare pass the pairs form P too, from two fp32 exponents per token in its place,
-    # there among the chunk's scales (hopper_prepare_kernels.chunk_scales: eight fp32 a token and head)
+    # there among the chunk's scales (hopper_prepare_kernels.chunk_scales: eight fp32 a token and head, k's factor in
+    # w among them), so u's part and the token-major q and k scales are empty
     assert recipe.recurrence_meta["SCORES"] and recipe.prepare_meta["SCORE_FACTORS"]
     assert recipe.workspace.parts[2].shape == (8 * 4096, 32, 8) and recipe.workspace.parts[2].dtype == torch.float32
+    parts = dict(zip(launch._Scratch._fields, recipe.workspace.parts, strict=True))
+    assert all(parts[name].shape == (0, 32) for name in ("u", "q_scale", "k_scale"))
+    assert parts["decay"].shape == (8 * 4096, 32)
     # HOPPER_PAIRS_TMA: their tiles by TMA, the descriptors in the workspace (TMA_SCRATCH_BYTES a program)
     assert recipe.tma and recipe.recurrence_meta["TMA"]
     assert recipe.workspace.parts[-1].shape == (8 * 32 * launch.TMA_SCRATCH_BYTES,)
@@ -771,6 +774,10 @@ def test_register_state_pass_pairs_tiles_where_the_pairs_fill_the_gpu(monkeypatc
     assert beside.concurrent and beside.recurrence_meta["FROM_V"] and not beside.recurrence_meta.get("SCORES")
     assert not beside.tma and beside.workspace.parts[-1].shape == (0,)  # and their tiles by cp.async
     assert not beside.prepare_meta.get("SCORE_FACTORS") and beside.workspace.parts[2].shape == (8192, 64, 64)
+    # (u's part holds k's factor in w, fp32, beside the token-major q and k scales)
+    parts = dict(zip(launch._Scratch._fields, beside.workspace.parts, strict=True))
+    assert all(parts[name].shape == (8192, 64) for name in ("u", "q_scale", "k_scale"))
+    assert parts["u"].dtype == torch.float32
     # HOPPER_PREPARE_SCORES: the prepare pass storing the score exponents takes its own register cap, the others not
     assert recipe.prepare_meta["maxnreg"] == launch.HOPPER_PREPARE_SCORES[128] != launch.HOPPER_PREPARE[128]
     assert beside.prepare_meta["maxnreg"] == launch.HOPPER_PREPARE[128]
