@@ -6,10 +6,13 @@ in that process then fails inside Triton's code generator (seen in a full CPU ru
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -111,25 +114,19 @@ def _accumulate(X, Y, N, BLOCK: tl.constexpr, LOOP: tl.constexpr):
     tl.store(Y + offsets, total)
 
 
-def _accumulate_moved(X, Y, N, BLOCK: tl.constexpr, LOOP: tl.constexpr):
-    # _accumulate with its lines moved (this comment, the blank lines): the same code at other line numbers.
-    offsets = tl.arange(0, BLOCK)
-
-    total = tl.load(X + offsets)
-    if LOOP:
-        for i in range(1, N):
-            total = total * tl.load(X + i * BLOCK + offsets) + i
-    else:
-        total = total * tl.load(X + BLOCK + offsets) + 1
-
-    tl.store(Y + offsets, total)
-
-
 def _accumulating_kernel(moved: bool = False):
-    """``_accumulate`` compiled for a GPU even where the CPU tests interpret ``triton.jit`` kernels."""
+    """``_accumulate`` compiled for a GPU even where the CPU tests interpret ``triton.jit`` kernels; ``moved``:
+    its source copied into a module of its own a few lines further down (the same code, other line numbers)."""
     from triton.runtime.jit import JITFunction
 
-    return JITFunction(_accumulate_moved if moved else _accumulate)
+    if not moved:
+        return JITFunction(_accumulate)
+    path = Path(tempfile.mkdtemp()) / "moved_accumulate.py"
+    path.write_text("import triton.language as tl\n\n\n# moved down\n\n\n" + inspect.getsource(_accumulate))
+    spec = importlib.util.spec_from_file_location("moved_accumulate", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return JITFunction(module._accumulate)
 
 
 def _accumulating_compile(loop: bool, amd: bool = False, block: int = 8192, moved: bool = False):
