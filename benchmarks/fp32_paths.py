@@ -20,6 +20,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from benchmarks.gdn_accuracy import relative_rms_error
 from benchmarks.registry import gdn_shape
 
 FORMS = ("ieee", "tf32x3", "torch")
@@ -37,11 +38,6 @@ def apply(form: str) -> None:
     elif form == "tf32x3":
         ieee = guards.dot_precision
         guards.dot_precision = lambda fp32_inputs: "tf32x3" if fp32_inputs else ieee(fp32_inputs)
-
-
-def relative_rms_error(actual: object, expected: object) -> float:
-    difference = (actual.double() - expected.double()).pow(2).mean().sqrt()
-    return float(difference / expected.double().pow(2).mean().sqrt().clamp_min(1e-30))
 
 
 def measure(form: str, shapes: Sequence[str], dim: int, error_tokens: int) -> list[dict]:
