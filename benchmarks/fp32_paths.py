@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from pathlib import Path
 from benchmarks.gdn_accuracy import relative_rms_error
 from benchmarks.registry import gdn_shape
 
+REPOSITORY = Path(__file__).resolve().parents[1]
 FORMS = ("ieee", "tf32x3", "torch")
 SHAPES = ("1,8192,8,8", "4,4096,16,16", "1,16384,2,8", "8,4096,32,32")
 
@@ -75,7 +77,9 @@ def run(forms: Sequence[str], shapes: Sequence[str], dim: int, error_tokens: int
     for form in forms:
         command = [sys.executable, "-m", "benchmarks.fp32_paths", "--form", form, "--dim", str(dim),
                    "--error-tokens", str(error_tokens), *[arg for spec in shapes for arg in ("--shape", spec)]]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        # The child imports what this process imports (benchmarks and polykernels from the same places).
+        done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=REPOSITORY,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)})
         if done.returncode:
             print(f"{form}: exit {done.returncode}\n{done.stderr[-3000:]}", file=sys.stderr)
         rows += [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

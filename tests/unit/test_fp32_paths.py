@@ -40,6 +40,14 @@ def test_bad_arguments_fail_before_anything_is_timed() -> None:
         fp32_paths.main(["--forms", "bf16"])
 
 
+def test_a_form_whose_process_fails_says_so_and_the_others_still_run(capsys: pytest.CaptureFixture[str]) -> None:
+    # K = 100 is no choice of the command line: each form's own process stops at its arguments (exit 2), on any host.
+    assert fp32_paths.run(["ieee", "torch"], ["1,64,1,1"], 100, 0, None) == []
+    captured = capsys.readouterr()
+    assert "ieee: exit 2" in captured.err and "torch: exit 2" in captured.err and "--dim" in captured.err
+    assert captured.out.startswith("| shape | form | ms |")
+
+
 @pytest.mark.gpu
 def test_every_form_runs_and_stays_within_the_fp32_bound(tmp_path: Path) -> None:
     rows = fp32_paths.run(fp32_paths.FORMS, ["2,256,2,4", "100+156,2,4"], 64, 1024, tmp_path / "rows.jsonl")
