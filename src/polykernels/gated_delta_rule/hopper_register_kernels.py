@@ -419,8 +419,7 @@ def _chunks_from_v(state, start, end, i_h, i_hv, col0, v_limit, Q_ptr, K_ptr, T_
     columns past ``v_limit`` read 0 (a transition program's). TMA (the output pass forming P,
     launch.HOPPER_PAIRS_TMA): T, k, q and v come in by TMA (``_copy_chunk_tma``), the scales by cp.async in one
     copy. CHUNK_MAJOR: the scales as the prepare pass stores them where the pairs form P (``_copy_scales_from_v``;
-    SCORES takes them so)."""
-    gl.static_assert(CHUNK_MAJOR or not SCORES, "SCORES: the prepare pass stores the scales chunk-major")
+    SCORES takes them so: ``_copy_scales_from_v`` checks it)."""
     dtype: gl.constexpr = T_ptr.dtype.element_ty
     state_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=chunk_l, k_width=2)
     update_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=state_l, k_width=2)
